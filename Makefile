@@ -1,0 +1,50 @@
+# shadowline: the entry points. `make demo` and `make test` are the README's first two commands.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
+VENV := $(ROOT)/.venv
+BIN := $(VENV)/bin
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
+NODES ?= 3
+INVENTORY ?= inventories/local
+
+.PHONY: help setup demo test lint unit preflight-cases build clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 22
+
+setup: $(BIN)/.stamp collections/ansible_collections/shadowline/gms ## install the dev venv and wire the collection (idempotent)
+
+$(BIN)/.stamp: requirements/dev.lock
+	scripts/setup-system
+	test -x $(BIN)/python || /usr/bin/python3 -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements/dev.lock
+	touch $@
+
+collections/ansible_collections/shadowline/gms:
+	mkdir -p collections/ansible_collections/shadowline
+	ln -sfn ../../.. $@
+	$(BIN)/ansible-galaxy collection install -r collections/requirements.yml -p collections >/dev/null
+
+demo: setup ## run the main job on the embedded default
+	scripts/demo
+
+test: setup ## run the whole suite (unit, broken inventories, lint, build)
+	$(BIN)/pytest -q tests
+	$(MAKE) --no-print-directory lint build
+
+lint: setup ## ansible-lint (production profile) and a Python byte-compile check
+	$(BIN)/ansible-lint --profile production -q
+	$(BIN)/python -m compileall -q plugins scripts tests >/dev/null
+
+build: setup ## build the collection tarball into build/
+	mkdir -p build
+	$(BIN)/ansible-galaxy collection build --force --output-path build . >/dev/null
+	@ls build/*.tar.gz
+
+preflight: setup ## run preflight against INVENTORY (default inventories/local)
+	$(BIN)/ansible-playbook -i $(INVENTORY) playbooks/preflight.yml
+
+clean: ## remove build output (keeps the venvs)
+	rm -rf build .pytest_cache

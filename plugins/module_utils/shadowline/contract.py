@@ -1,0 +1,484 @@
+"""The inventory contract: the variables a user sets, their defaults, and their parsing into typed values.
+
+This is the one place that knows variable names and defaults. ``parse_contract`` takes each host's
+variables as Ansible sees them (hostvars) and returns a ``Contract`` plus every problem found; it never
+raises on bad input. The cohort plan (plan.py) is computed from a Contract only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .problems import Problem
+from .values import Reader, describe, suggest
+
+BACKENDS = ["dynamo_vllm", "standin"]
+SAFE_FORMATS = ["safetensors"]
+PICKLE_FORMATS = ["pt", "bin", "pytorch"]
+SOURCE_SCHEMES = ["hf", "file", "rsync"]
+DEPLOYMENT_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")
+REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
+MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+DEFAULT_PORTS: dict[str, int] = {
+    "frontend": 8000,
+    "master_base": 29500,
+    "master_stride": 100,
+    "system_base": 8080,
+    "nixl_base": 8280,
+    "etcd_client": 2379,
+    "etcd_peer": 2380,
+    "nats": 4222,
+    "nats_monitor": 8222,
+}
+DEFAULT_MODEL: dict[str, Any] = {"id": None, "revision": None, "source": None, "local_dir": None, "format": "safetensors"}
+DEFAULT_ENGINE: dict[str, Any] = {
+    "backend": "dynamo_vllm",
+    "tensor_parallel_size": 1,
+    "nnodes": None,  # default: the number of hosts in gms_nodes
+    "gpus_per_node": 1,
+    "extra_args": [],
+    "lease_ttl_s": 5,
+}
+DEFAULT_MEMORY: dict[str, Any] = {
+    "gpu_memory_gib": None,  # default: measured with nvidia-smi when present
+    "weights_gib": None,  # default: the staged model's manifest when present
+    "kv_reserve_gib": 0,
+    "engine_overhead_gib": 1.0,
+}
+DEFAULT_COHORTS = 2
+DEFAULT_PYTHON = "/opt/shadowline/{deployment}/venv/bin/python"
+DEFAULT_SERVICE_USER = "shadowline"
+
+# Flags shadowline sets itself from the plan; a user who puts them in extra_args would fight the plan.
+MANAGED_FLAGS = {
+    "--model": "gms_model.local_dir", "--served-model-name": "gms_model.id", "--load-format": "(always gms)",
+    "--tensor-parallel-size": "gms_engine.tensor_parallel_size", "--nnodes": "gms_engine.nnodes",
+    "--node-rank": "gms_node_rank", "--master-addr": "gms_node_address of the leader node",
+    "--master-port": "gms_ports.master_base and gms_ports.master_stride", "--headless": "(set on ranks other than 0)",
+    "--distributed-executor-backend": "(always mp for several nodes)",
+}
+
+# Every variable of the contract, so a misspelt one is reported instead of silently ignored.
+KNOWN_VARIABLES = [
+    "gms_node_rank", "gms_node_address", "gms_deployment", "gms_model", "gms_engine", "gms_cohorts", "gms_ports",
+    "gms_socket_dir", "gms_lock_path", "gms_python", "gms_service_user", "gms_memory", "gms_frontend_bind",
+    "gms_model_allow_unpinned", "gms_model_allow_pickle", "gms_model_verify", "gms_model_hf_token_file",
+]
+# Shared variables must be the same on every node of a deployment.
+SHARED_VARIABLES = [v for v in KNOWN_VARIABLES if v not in ("gms_node_rank", "gms_node_address")]
+
+
+@dataclass(frozen=True)
+class Ports:
+    frontend: int
+    master_base: int
+    master_stride: int
+    system_base: int
+    nixl_base: int
+    etcd_client: int
+    etcd_peer: int
+    nats: int
+    nats_monitor: int
+
+
+@dataclass(frozen=True)
+class Model:
+    id: str
+    revision: str
+    source: str
+    local_dir: str
+    format: str
+
+    @property
+    def pinned(self) -> bool:
+        return bool(REVISION_RE.match(self.revision))
+
+
+@dataclass(frozen=True)
+class Engine:
+    backend: str
+    tensor_parallel_size: int
+    nnodes: int
+    gpus_per_node: int
+    extra_args: tuple[str, ...]
+    lease_ttl_s: int
+
+
+@dataclass(frozen=True)
+class Memory:
+    gpu_memory_gib: float | None
+    weights_gib: float | None
+    kv_reserve_gib: float
+    engine_overhead_gib: float
+
+
+@dataclass(frozen=True)
+class Node:
+    host: str
+    rank: int
+    address: str
+
+
+@dataclass(frozen=True)
+class Contract:
+    deployment: str
+    nodes: tuple[Node, ...]  # sorted by rank; nodes[0] is the leader
+    infra_hosts: tuple[Node, ...]
+    model: Model
+    engine: Engine
+    cohorts: int
+    ports: Ports
+    socket_dir: str
+    lock_path: str
+    python: str
+    service_user: str
+    memory: Memory
+    frontend_bind: str
+    allow_unpinned: bool = False
+    allow_pickle: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def leader(self) -> Node:
+        return self.nodes[0]
+
+
+def default_socket_dir(deployment: str) -> str:
+    return f"/run/shadowline/{deployment}/gms"
+
+
+def default_lock_path(socket_dir: str) -> str:
+    return socket_dir.rstrip("/") + "/failover.lock"
+
+
+def default_local_dir(model_id: str, revision: str) -> str:
+    return f"/var/lib/shadowline/models/{model_id.replace('/', '--')}/{revision}"
+
+
+def effective_paths(deployment: Any, socket_dir: Any = None, lock_path: Any = None) -> tuple[str | None, str | None]:
+    """Socket dir and lock path with defaults applied, or None where they cannot be known."""
+    if not socket_dir and isinstance(deployment, str) and DEPLOYMENT_RE.match(deployment):
+        socket_dir = default_socket_dir(deployment)
+    if not isinstance(socket_dir, str) or not socket_dir:
+        return None, lock_path if isinstance(lock_path, str) and lock_path else None
+    if not lock_path:
+        lock_path = default_lock_path(socket_dir)
+    return socket_dir, lock_path if isinstance(lock_path, str) else None
+
+
+def effective_python(deployment: Any, python: Any) -> str | None:
+    if isinstance(python, str) and python:
+        return python
+    if isinstance(deployment, str) and DEPLOYMENT_RE.match(deployment):
+        return DEFAULT_PYTHON.format(deployment=deployment)
+    return None
+
+
+def effective_local_dir(model: Any) -> str | None:
+    if not isinstance(model, dict):
+        return None
+    if isinstance(model.get("local_dir"), str) and model["local_dir"]:
+        return model["local_dir"]
+    if isinstance(model.get("id"), str) and isinstance(model.get("revision"), str):
+        return default_local_dir(model["id"], model["revision"])
+    return None
+
+
+def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
+                   infra_hosts: list[str] | None = None) -> tuple[Contract | None, list[Problem]]:
+    """Parse and check the inventory contract; returns (contract or None, every problem found)."""
+    problems: list[Problem] = []
+    read = Reader(problems)
+    if not node_hosts:
+        read.problem("gms_nodes", "the group is empty or missing from the inventory.",
+                     "add a group gms_nodes with one host per GPU node, each with gms_node_rank.")
+        return None, problems
+
+    _check_unknown_variables(hostvars, node_hosts, problems)
+    shared = _shared_values(hostvars, node_hosts, problems)
+    nodes = _parse_nodes(hostvars, node_hosts, problems)
+
+    deployment = read.string("gms_deployment", shared.get("gms_deployment"), "gms_deployment: llama-70b")
+    if deployment is not None and not DEPLOYMENT_RE.match(deployment):
+        read.problem("gms_deployment", f"{deployment!r} is not 1-40 characters of a-z, 0-9 and inner hyphens.",
+                     "use a short lowercase name such as llama-70b; it becomes part of unit names and paths.")
+        deployment = None
+
+    model = _parse_model(read, shared)
+    engine = _parse_engine(read, shared.get("gms_engine"), len(node_hosts))
+    cohorts = read.integer("gms_cohorts", shared.get("gms_cohorts", DEFAULT_COHORTS), minimum=1, maximum=64, example=2)
+    ports = _parse_ports(read, shared.get("gms_ports"))
+    memory = _parse_memory(read, shared.get("gms_memory"))
+    allow_unpinned = read.boolean("gms_model_allow_unpinned", shared.get("gms_model_allow_unpinned", False))
+    allow_pickle = read.boolean("gms_model_allow_pickle", shared.get("gms_model_allow_pickle", False))
+    service_user = read.string("gms_service_user", shared.get("gms_service_user", DEFAULT_SERVICE_USER), "shadowline")
+
+    socket_dir = shared.get("gms_socket_dir") or (default_socket_dir(deployment) if deployment else None)
+    socket_dir = _absolute_path(read, "gms_socket_dir", socket_dir) if socket_dir else None
+    lock_path = shared.get("gms_lock_path") or (default_lock_path(socket_dir) if socket_dir else None)
+    lock_path = _absolute_path(read, "gms_lock_path", lock_path) if lock_path else None
+    python = shared.get("gms_python") or (DEFAULT_PYTHON.format(deployment=deployment) if deployment else None)
+    python = _absolute_path(read, "gms_python", python) if python else None
+
+    if model is not None:
+        _check_model_policy(read, model, allow_unpinned, allow_pickle)
+
+    infra = _parse_infra(read, hostvars, nodes, infra_hosts or [])
+    frontend_bind = shared.get("gms_frontend_bind")
+    if frontend_bind is not None and not (isinstance(frontend_bind, str) and frontend_bind.strip()):
+        read.problem("gms_frontend_bind", f"must be an address, got {describe(frontend_bind)}.",
+                     "set it to the infra node's cluster address, or leave it unset for that default.")
+        frontend_bind = None
+
+    if engine is not None and nodes is not None:
+        _check_engine_shape(read, engine, len(nodes))
+
+    if problems:
+        return None, problems
+    assert deployment and model and engine and cohorts and ports and memory and nodes and infra
+    assert socket_dir and lock_path and python and service_user is not None
+    contract = Contract(
+        deployment=deployment, nodes=tuple(nodes), infra_hosts=tuple(infra), model=model, engine=engine,
+        cohorts=cohorts, ports=ports, socket_dir=socket_dir, lock_path=lock_path, python=python,
+        service_user=service_user, memory=memory, frontend_bind=str(frontend_bind or infra[0].address),
+        allow_unpinned=bool(allow_unpinned), allow_pickle=bool(allow_pickle),
+    )
+    return contract, problems
+
+
+def _check_unknown_variables(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], problems: list[Problem]) -> None:
+    seen: set[str] = set()
+    for host in node_hosts:
+        for name in hostvars.get(host, {}):
+            if name.startswith("gms_") and name not in KNOWN_VARIABLES and name not in seen:
+                seen.add(name)
+                problems.append(Problem(name, "is not a shadowline variable and would be ignored.",
+                                        suggest(name, KNOWN_VARIABLES, "the inventory contract")))
+
+
+def _shared_values(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], problems: list[Problem]) -> dict[str, Any]:
+    """Values that must be identical on every node, taken from the first node; differences are problems."""
+    first = node_hosts[0]
+    shared = {name: hostvars.get(first, {}).get(name) for name in SHARED_VARIABLES}
+    shared = {k: v for k, v in shared.items() if v is not None}
+    for name in SHARED_VARIABLES:
+        for host in node_hosts[1:]:
+            if hostvars.get(host, {}).get(name) != hostvars.get(first, {}).get(name):
+                problems.append(Problem(name, f"differs between {first} and {host}; a deployment has one value.",
+                                        f"set {name} once for the group gms_nodes (group_vars), not per host.",
+                                        host=host))
+                break
+    return shared
+
+
+def _parse_nodes(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], problems: list[Problem]) -> list[Node] | None:
+    nodes: list[Node] = []
+    for host in node_hosts:
+        read = Reader(problems, host)
+        values = hostvars.get(host, {})
+        if "gms_node_rank" not in values:
+            read.problem("gms_node_rank", "is not set.", f"give {host} a gms_node_rank (0 for the leader node).")
+            continue
+        rank = read.integer("gms_node_rank", values["gms_node_rank"], minimum=0, example=0)
+        address = values.get("gms_node_address") or values.get("ansible_host") or host
+        if not isinstance(address, str):
+            read.problem("gms_node_address", f"must be a host name or address, got {describe(address)}.",
+                         "set gms_node_address (or ansible_host) to the node's cluster address.")
+            continue
+        if rank is not None:
+            nodes.append(Node(host=host, rank=rank, address=address))
+    if len(nodes) != len(node_hosts):
+        return None
+    nodes.sort(key=lambda n: n.rank)
+    by_rank: dict[int, list[str]] = {}
+    for node in nodes:
+        by_rank.setdefault(node.rank, []).append(node.host)
+    duplicates = {rank: hosts for rank, hosts in by_rank.items() if len(hosts) > 1}
+    for rank, hosts in sorted(duplicates.items()):
+        problems.append(Problem("gms_node_rank", f"rank {rank} is given to {' and '.join(hosts)}; ranks must be unique.",
+                                f"number the nodes 0..{len(node_hosts) - 1}, each once."))
+    expected = set(range(len(node_hosts)))
+    missing = sorted(expected - set(by_rank))
+    extra = sorted(set(by_rank) - expected)
+    if not duplicates and (missing or extra):
+        problems.append(Problem("gms_node_rank",
+                                f"ranks must be contiguous from 0 (exactly one leader, rank 0); "
+                                f"got {sorted(by_rank)}, missing {missing}.",
+                                f"number the {len(node_hosts)} nodes 0..{len(node_hosts) - 1}."))
+    if duplicates or missing or extra:
+        return None
+    return nodes
+
+
+def _parse_model(read: Reader, shared: dict[str, Any]) -> Model | None:
+    values = read.mapping("gms_model", shared.get("gms_model"), DEFAULT_MODEL)
+    if shared.get("gms_model") is None:
+        read.problem("gms_model", "is not set.", "set gms_model.id and gms_model.revision (a 40-hex commit).")
+        return None
+    model_id = read.string("gms_model.id", values["id"], "meta-llama/Llama-3.3-70B-Instruct")
+    if model_id is not None and not MODEL_ID_RE.match(model_id):
+        read.problem("gms_model.id", f"{model_id!r} is not a model id like org/name.",
+                     "use the repository id, e.g. meta-llama/Llama-3.3-70B-Instruct.")
+        model_id = None
+    revision = values["revision"]
+    if revision is None:
+        revision_text = "main"
+        if not as_allowed(shared.get("gms_model_allow_unpinned")):
+            read.problem("gms_model.revision", "is not set, so the model is not pinned.",
+                         "set it to the 40-hex commit id of the model repository "
+                         "(or gms_model_allow_unpinned: true, which follows a moving branch).")
+            revision_text = ""
+    elif isinstance(revision, str):
+        revision_text = revision.strip()
+    else:
+        read.problem("gms_model.revision", f"must be a string, got {describe(revision)}.",
+                     "quote the 40-hex commit id in YAML so it stays a string.")
+        revision_text = ""
+    source = values["source"] or (f"hf://{model_id}" if model_id else None)
+    source_text = _parse_source(read, source) if source else None
+    model_format = read.choice("gms_model.format", values["format"], SAFE_FORMATS + PICKLE_FORMATS)
+    local_dir = values["local_dir"] or (default_local_dir(model_id, revision_text) if model_id and revision_text else None)
+    local_dir = _absolute_path(read, "gms_model.local_dir", local_dir) if local_dir else None
+    if not (model_id and revision_text and source_text and model_format and local_dir):
+        return None
+    return Model(id=model_id, revision=revision_text, source=source_text, local_dir=local_dir, format=model_format)
+
+
+def as_allowed(value: Any) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "yes", "1"))
+
+
+def _parse_source(read: Reader, source: Any) -> str | None:
+    if not isinstance(source, str):
+        read.problem("gms_model.source", f"must be a URI string, got {describe(source)}.",
+                     "use hf://<repo>, file:///<path> or rsync://<host>/<path>.")
+        return None
+    scheme, sep, rest = source.partition("://")
+    if not sep or scheme not in SOURCE_SCHEMES or not rest.strip("/"):
+        read.problem("gms_model.source", f"{source!r} is not a supported source URI.",
+                     "use hf://<repo>, file:///<absolute path> or rsync://<host>/<path>.")
+        return None
+    if scheme == "file" and not rest.startswith("/"):
+        read.problem("gms_model.source", f"{source!r} needs an absolute path after file://.",
+                     "write file:///shared/models/<name> (three slashes).")
+        return None
+    if scheme == "rsync" and "/" not in rest.strip("/"):
+        read.problem("gms_model.source", f"{source!r} names a host but no path.",
+                     "write rsync://<staging host>/<path of the model on it>.")
+        return None
+    return source
+
+
+def _check_model_policy(read: Reader, model: Model, allow_unpinned: bool | None, allow_pickle: bool | None) -> None:
+    if not model.pinned and not allow_unpinned:
+        read.problem("gms_model.revision", f"{model.revision!r} is not a pinned 40-hex commit id.",
+                     "set the exact commit (git ls-remote or the hub's 'Files' page gives it), "
+                     "or set gms_model_allow_unpinned: true to accept a moving revision.")
+    if model.format in PICKLE_FORMATS and not allow_pickle:
+        read.problem("gms_model.format", f"{model.format!r} weights are pickle files that can run code when loaded.",
+                     "use safetensors weights, or set gms_model_allow_pickle: true if you trust the source.")
+
+
+def _parse_engine(read: Reader, value: Any, node_count: int) -> Engine | None:
+    values = read.mapping("gms_engine", value, DEFAULT_ENGINE)
+    backend = read.choice("gms_engine.backend", values["backend"], BACKENDS)
+    tp = read.integer("gms_engine.tensor_parallel_size", values["tensor_parallel_size"], minimum=1, maximum=1024, example=8)
+    nnodes_value = values["nnodes"] if values["nnodes"] is not None else node_count
+    nnodes = read.integer("gms_engine.nnodes", nnodes_value, minimum=1, maximum=1024, example=node_count)
+    gpus = read.integer("gms_engine.gpus_per_node", values["gpus_per_node"], minimum=1, maximum=64, example=8)
+    lease = read.integer("gms_engine.lease_ttl_s", values["lease_ttl_s"], minimum=1, maximum=600, example=5)
+    extra = read.string_list("gms_engine.extra_args", values["extra_args"], "['--max-model-len', '8192']")
+    if extra:
+        for arg in extra:
+            flag = arg.split("=", 1)[0]
+            if flag in MANAGED_FLAGS:
+                read.problem("gms_engine.extra_args", f"contains {flag}, which shadowline sets from the plan.",
+                             f"remove it from extra_args; it comes from {MANAGED_FLAGS[flag]}.")
+    if None in (backend, tp, nnodes, gpus, lease) or extra is None:
+        return None
+    assert backend is not None and tp is not None and nnodes is not None and gpus is not None and lease is not None
+    return Engine(backend=backend, tensor_parallel_size=tp, nnodes=nnodes, gpus_per_node=gpus,
+                  extra_args=tuple(extra), lease_ttl_s=lease)
+
+
+def _check_engine_shape(read: Reader, engine: Engine, node_count: int) -> None:
+    if engine.nnodes != node_count:
+        read.problem("gms_engine.nnodes", f"is {engine.nnodes} but gms_nodes has {node_count} hosts.",
+                     f"set gms_engine.nnodes to {node_count} (or leave it unset), or list {engine.nnodes} hosts in gms_nodes.")
+        return
+    total = engine.gpus_per_node * engine.nnodes
+    tp = engine.tensor_parallel_size
+    if tp > total:
+        read.problem("gms_engine.tensor_parallel_size",
+                     f"{tp} does not fit {engine.nnodes} node(s) x {engine.gpus_per_node} GPU(s) = {total} GPU(s).",
+                     f"lower tensor_parallel_size to at most {total}, or raise gms_engine.gpus_per_node or add nodes.")
+    elif tp % engine.nnodes != 0:
+        read.problem("gms_engine.tensor_parallel_size",
+                     f"{tp} does not split evenly over {engine.nnodes} nodes; every rank needs the same number of GPUs.",
+                     f"use a multiple of {engine.nnodes}, e.g. {engine.nnodes * engine.gpus_per_node}.")
+
+
+def _parse_ports(read: Reader, value: Any) -> Ports | None:
+    values = read.mapping("gms_ports", value, DEFAULT_PORTS)
+    parsed: dict[str, int] = {}
+    for key in DEFAULT_PORTS:
+        if key == "master_stride":
+            number = read.integer("gms_ports.master_stride", values[key], minimum=1, maximum=10000, example=100)
+        else:
+            number = read.integer(f"gms_ports.{key}", values[key], minimum=1024, maximum=65535,
+                                  example=DEFAULT_PORTS[key])
+        if number is not None:
+            parsed[key] = number
+    if len(parsed) != len(DEFAULT_PORTS):
+        return None
+    return Ports(**parsed)
+
+
+def _parse_memory(read: Reader, value: Any) -> Memory | None:
+    values = read.mapping("gms_memory", value, DEFAULT_MEMORY)
+    gpu = read.number("gms_memory.gpu_memory_gib", values["gpu_memory_gib"], 0.001) if values["gpu_memory_gib"] is not None else None
+    weights = read.number("gms_memory.weights_gib", values["weights_gib"]) if values["weights_gib"] is not None else None
+    kv = read.number("gms_memory.kv_reserve_gib", values["kv_reserve_gib"])
+    overhead = read.number("gms_memory.engine_overhead_gib", values["engine_overhead_gib"])
+    if kv is None or overhead is None:
+        return None
+    return Memory(gpu_memory_gib=gpu, weights_gib=weights, kv_reserve_gib=kv, engine_overhead_gib=overhead)
+
+
+def _parse_infra(read: Reader, hostvars: dict[str, dict[str, Any]], nodes: list[Node] | None,
+                 infra_hosts: list[str]) -> list[Node] | None:
+    if not infra_hosts:
+        return [nodes[0]] if nodes else None
+    if len(infra_hosts) not in (1, 3):
+        read.problem("gms_infra", f"has {len(infra_hosts)} hosts; etcd needs 1 or 3 members.",
+                     "list 1 host (or none: the leader node is used) or 3 hosts in gms_infra.")
+        return None
+    by_host = {n.host: n for n in nodes or []}
+    infra: list[Node] = []
+    for host in infra_hosts:
+        if host in by_host:
+            infra.append(by_host[host])
+            continue
+        values = hostvars.get(host, {})
+        address = values.get("gms_node_address") or values.get("ansible_host") or host
+        infra.append(Node(host=host, rank=-1, address=str(address)))
+    return infra
+
+
+PATH_EXAMPLES = {
+    "gms_socket_dir": "/run/shadowline/<deployment>/gms",
+    "gms_lock_path": "/run/shadowline/<deployment>/gms/failover.lock",
+    "gms_python": "/opt/shadowline/<deployment>/venv/bin/python",
+    "gms_model.local_dir": "/var/lib/shadowline/models/<name>/<revision>",
+}
+
+
+def _absolute_path(read: Reader, field_name: str, value: Any) -> str | None:
+    if isinstance(value, str) and value.startswith("/") and "\n" not in value and " " not in value:
+        return value.rstrip("/") or "/"
+    read.problem(field_name, f"must be an absolute path without spaces, got {describe(value)}.",
+                 f"set {field_name} to an absolute path such as {PATH_EXAMPLES[field_name]}.")
+    return None

@@ -1,0 +1,188 @@
+"""The cohort plan: from a parsed Contract to every process of a deployment, with its argv and environment.
+
+This is the only place that builds engine command lines and does port arithmetic (via ports.py). Roles,
+Slurm templates, Ansible modules, the node agent and the stand-in all consume a Plan (or its dict form).
+The real backend renders ``python -m dynamo.vllm``; the stand-in renders ``python -m
+shadowline.standin.engine`` with exactly the same flags and environment: only the executable differs.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .contract import Contract, Node
+from .ports import CohortPorts, cohort_ports
+
+ENGINE_MODULE = {"dynamo_vllm": "dynamo.vllm", "standin": "shadowline.standin.engine"}
+GMS_MODULE = {"dynamo_vllm": "gpu_memory_service.cli.server", "standin": "shadowline.standin.gms_server"}
+FRONTEND_MIGRATION_LIMIT = 3
+STANDIN_GPU_NAMESPACE = uuid.UUID("5d0c3c36-6f1e-4a53-9a3c-2f6b1f0a7e21")
+
+
+@dataclass(frozen=True)
+class Process:
+    """One process to run on one host: what the systemd unit, the Slurm step or the agent starts."""
+    host: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+
+    def command_line(self) -> str:
+        return " ".join(shell_quote(a) for a in self.argv)
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    host: str
+    address: str
+    node_rank: int
+    leader: bool  # runs the Dynamo runtime and takes the failover lock
+    headless: bool
+    process: Process
+
+
+@dataclass(frozen=True)
+class CohortPlan:
+    cohort: int
+    engine_id: int
+    role: str  # "primary" (writer: loads weights from disk) or "shadow" (imports them from GMS)
+    ports: CohortPorts
+    ranks: tuple[RankPlan, ...]
+
+    def rank_on(self, host: str) -> RankPlan:
+        return next(r for r in self.ranks if r.host == host)
+
+
+@dataclass(frozen=True)
+class InfraPlan:
+    hosts: tuple[Node, ...]
+    etcd_endpoints: str
+    nats_server: str
+    frontend_url: str
+    frontend: Process
+
+
+@dataclass(frozen=True)
+class Plan:
+    deployment: str
+    backend: str
+    model_id: str
+    model_dir: str
+    revision: str
+    socket_dir: str
+    lock_path: str
+    nodes: tuple[Node, ...]
+    infra: InfraPlan
+    gms_servers: tuple[Process, ...]  # one per node, in rank order
+    cohorts: tuple[CohortPlan, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self)))
+
+    def cohort(self, cohort: int) -> CohortPlan:
+        return self.cohorts[cohort]
+
+
+def build_plan(contract: Contract) -> Plan:
+    infra = _infra_plan(contract)
+    gms_servers = tuple(_gms_server(contract, node) for node in contract.nodes)
+    cohorts = tuple(_cohort_plan(contract, infra, cohort) for cohort in range(contract.cohorts))
+    return Plan(
+        deployment=contract.deployment, backend=contract.engine.backend, model_id=contract.model.id,
+        model_dir=contract.model.local_dir, revision=contract.model.revision, socket_dir=contract.socket_dir,
+        lock_path=contract.lock_path, nodes=contract.nodes, infra=infra, gms_servers=gms_servers, cohorts=cohorts,
+    )
+
+
+def standin_gpu_uuids(deployment: str, host: str, count: int) -> list[str]:
+    """Stable fake GPU UUIDs for the stand-in backend (real GPUs report their own through CUDA)."""
+    return [f"GPU-{uuid.uuid5(STANDIN_GPU_NAMESPACE, f'{deployment}/{host}/{i}')}" for i in range(count)]
+
+
+def _infra_plan(contract: Contract) -> InfraPlan:
+    ports = contract.ports
+    etcd = ",".join(f"http://{n.address}:{ports.etcd_client}" for n in contract.infra_hosts)
+    nats = ",".join(f"nats://{n.address}:{ports.nats}" for n in contract.infra_hosts)
+    first = contract.infra_hosts[0]
+    argv = (contract.python, "-m", "dynamo.frontend", "--http-host", contract.frontend_bind,
+            "--http-port", str(ports.frontend), "--migration-limit", str(FRONTEND_MIGRATION_LIMIT))
+    env = {
+        **_discovery_env(etcd, nats),
+        "DYN_TCP_RESPONSE_STREAM_HOST": first.address,
+        "HF_HUB_OFFLINE": "1",
+        "SHADOWLINE_DEPLOYMENT": contract.deployment,
+    }
+    return InfraPlan(hosts=contract.infra_hosts, etcd_endpoints=etcd, nats_server=nats,
+                     frontend_url=f"http://{contract.frontend_bind}:{ports.frontend}",
+                     frontend=Process(host=first.host, argv=argv, env=env))
+
+
+def _discovery_env(etcd_endpoints: str, nats_server: str) -> dict[str, str]:
+    """How every Dynamo client (frontend, engines, agent, Slurm steps) reaches etcd and NATS."""
+    return {"ETCD_ENDPOINTS": etcd_endpoints, "NATS_SERVER": nats_server}
+
+
+def _gms_server(contract: Contract, node: Node) -> Process:
+    argv = (contract.python, "-m", GMS_MODULE[contract.engine.backend])
+    env = {"GMS_SOCKET_DIR": contract.socket_dir, "SHADOWLINE_DEPLOYMENT": contract.deployment}
+    env.update(_standin_env(contract, node))
+    return Process(host=node.host, argv=argv, env=env)
+
+
+def _standin_env(contract: Contract, node: Node) -> dict[str, str]:
+    if contract.engine.backend != "standin":
+        return {}
+    gpus = standin_gpu_uuids(contract.deployment, node.host, contract.engine.gpus_per_node)
+    return {"SHADOWLINE_STANDIN_GPUS": ",".join(gpus)}
+
+
+def _cohort_plan(contract: Contract, infra: InfraPlan, cohort: int) -> CohortPlan:
+    ports = cohort_ports(contract.ports, cohort)
+    ranks = tuple(_rank_plan(contract, infra, cohort, ports, node) for node in contract.nodes)
+    return CohortPlan(cohort=cohort, engine_id=cohort, role="primary" if cohort == 0 else "shadow",
+                      ports=ports, ranks=ranks)
+
+
+def _rank_plan(contract: Contract, infra: InfraPlan, cohort: int, ports: CohortPorts, node: Node) -> RankPlan:
+    engine = contract.engine
+    headless = node.rank != 0
+    argv = [contract.python, "-m", ENGINE_MODULE[engine.backend],
+            "--model", contract.model.local_dir, "--served-model-name", contract.model.id,
+            "--load-format", "gms", "--enforce-eager", "--enable-sleep-mode",
+            "--tensor-parallel-size", str(engine.tensor_parallel_size)]
+    if engine.nnodes > 1:
+        argv += ["--distributed-executor-backend", "mp", "--nnodes", str(engine.nnodes),
+                 "--node-rank", str(node.rank), "--master-addr", contract.leader.address,
+                 "--master-port", str(ports.master)]
+    if headless:
+        argv.append("--headless")
+    argv += list(engine.extra_args)
+    env = {
+        "ENGINE_ID": str(cohort),
+        "DYN_VLLM_GMS_SHADOW_MODE": "true",
+        "FAILOVER_LOCK_PATH": contract.lock_path,
+        "GMS_SOCKET_DIR": contract.socket_dir,
+        **_discovery_env(infra.etcd_endpoints, infra.nats_server),
+        "ETCD_LEASE_TTL": str(engine.lease_ttl_s),
+        "DYN_SYSTEM_PORT": str(ports.system),
+        "DYN_SYSTEM_HOST": node.address,
+        "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS": '["generate"]',
+        "DYN_TCP_RPC_HOST": node.address,
+        "DYN_EVENT_PLANE": "nats",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports.nixl),
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": node.address,
+        "HF_HUB_OFFLINE": "1",
+        "SHADOWLINE_DEPLOYMENT": contract.deployment,
+        "SHADOWLINE_COHORT": str(cohort),
+        "SHADOWLINE_NODE_RANK": str(node.rank),
+    }
+    env.update(_standin_env(contract, node))
+    return RankPlan(host=node.host, address=node.address, node_rank=node.rank, leader=not headless,
+                    headless=headless, process=Process(host=node.host, argv=tuple(argv), env=env))
+
+
+def shell_quote(arg: str) -> str:
+    safe = all(c.isalnum() or c in "@%+=:,./-_" for c in arg)
+    return arg if arg and safe else "'" + arg.replace("'", "'\"'\"'") + "'"

@@ -1,0 +1,163 @@
+"""Preflight: every check that must pass before anything changes on any host, all problems at once.
+
+Input: each host's variables (hostvars), the host lists of gms_nodes and gms_infra, and the read-only
+node facts gathered by node_facts.gather on each node. Output: the Contract (when valid) and every problem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .contract import Contract, parse_contract
+from .node_facts import NETWORK_FILESYSTEMS
+from .plan import Plan, build_plan
+from .ports import port_uses, port_problems
+from .problems import Problem
+
+GIB = 1024 ** 3
+
+
+@dataclass
+class PreflightResult:
+    contract: Contract | None
+    plan: Plan | None
+    problems: list[Problem]
+    checks: list[str] = field(default_factory=list)  # what was checked, for the report
+
+
+def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], infra_hosts: list[str],
+                  facts: dict[str, dict[str, Any] | None]) -> PreflightResult:
+    contract, problems = parse_contract(hostvars, node_hosts, infra_hosts)
+    checks = ["variable names and types", "node ranks (unique, contiguous, one leader)",
+              "engine shape (nnodes, tensor parallel size, GPUs per node)", "model pin and weight format"]
+    if contract is None:
+        return PreflightResult(None, None, problems, checks)
+    problems += port_problems(contract.ports, contract.cohorts)
+    checks.append(f"{len(port_uses(contract.ports, contract.cohorts))} ports: range and collisions")
+    for node in _all_hosts(contract):
+        host_facts = facts.get(node)
+        if host_facts is None:
+            problems.append(Problem("(facts)", "no node facts were gathered (was the host reachable?).",
+                                    "make the host reachable over SSH and run preflight again.", host=node))
+            continue
+        problems += _listening_problems(contract, node, host_facts)
+        problems += _lock_problems(contract, node, host_facts)
+        problems += _gpu_problems(contract, node, host_facts)
+        problems += _python_problems(contract, node, host_facts)
+    checks += ["ports already listening on each node", "lock path on a local filesystem, creatable",
+               "GPU count and memory budget (where nvidia-smi or sizes are known)"]
+    if contract.engine.backend == "dynamo_vllm":
+        checks.append("runtime Python imports dynamo.vllm and gpu_memory_service")
+    problems += _memory_problems(contract, facts)
+    plan = build_plan(contract) if not problems else None
+    return PreflightResult(contract, plan, problems, checks)
+
+
+def _all_hosts(contract: Contract) -> list[str]:
+    hosts = [n.host for n in contract.nodes]
+    return hosts + [n.host for n in contract.infra_hosts if n.host not in hosts]
+
+
+def _listening_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list[Problem]:
+    infra = {n.host for n in contract.infra_hosts}
+    wanted = {}
+    for use in port_uses(contract.ports, contract.cohorts):
+        if use.where == "infra hosts" and host not in infra:
+            continue
+        if use.where == "leader node" and host != contract.leader.host:
+            continue
+        wanted[use.port] = use
+    problems = []
+    for sock in facts.get("listening") or []:
+        use = wanted.get(sock["port"])
+        if use is None or sock.get("ours"):
+            continue
+        who = f"{sock.get('process') or 'a process'} (pid {sock.get('pid')})" if sock.get("pid") else "another process"
+        problems.append(Problem(use.field, f"port {use.port} ({use.owner}) is already in use by {who} on {sock['address']}.",
+                                f"stop that process, or move {use.field} to a free port.", host=host))
+    return problems
+
+
+def _lock_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list[Problem]:
+    lock = facts.get("lock_dir")
+    if not lock or host not in {n.host for n in contract.nodes}:
+        return []
+    problems = []
+    fstype = lock.get("fstype") or "unknown"
+    if fstype in NETWORK_FILESYSTEMS:
+        problems.append(Problem("gms_lock_path", f"{contract.lock_path} is on {fstype} ({lock.get('mountpoint')}); "
+                                "flock is not reliable on network or parallel filesystems.",
+                                "put the lock on node-local storage, e.g. the default /run/shadowline/<deployment>/gms.",
+                                host=host))
+    if not lock.get("ancestor_is_dir"):
+        problems.append(Problem("gms_lock_path", f"{lock.get('existing_ancestor')} is in the way and is not a directory.",
+                                "choose a lock path whose parent directories are directories.", host=host))
+    elif lock.get("read_only"):
+        problems.append(Problem("gms_lock_path", f"{lock.get('mountpoint')} is mounted read-only, so "
+                                f"{lock.get('path')} cannot be created.", "put the lock on a writable local filesystem.",
+                                host=host))
+    if lock.get("exists") and lock.get("writable_by_service_user") is False:
+        problems.append(Problem("gms_lock_path", f"{lock.get('path')} exists but {contract.service_user} cannot write it.",
+                                f"chown it to {contract.service_user} or remove it so the roles create it.", host=host))
+    return problems
+
+
+def _gpu_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list[Problem]:
+    gpus = facts.get("gpus")
+    if gpus is None or host not in {n.host for n in contract.nodes}:
+        return []
+    if any("error" in g for g in gpus):
+        return [Problem("gms_engine.gpus_per_node", f"nvidia-smi failed: {gpus[0]['error']}.",
+                        "fix the NVIDIA driver on this node (nvidia-smi must list the GPUs).", host=host)]
+    if len(gpus) != contract.engine.gpus_per_node:
+        return [Problem("gms_engine.gpus_per_node", f"is {contract.engine.gpus_per_node} but nvidia-smi lists "
+                        f"{len(gpus)} GPU(s) on this node.",
+                        f"set gms_engine.gpus_per_node to {len(gpus)}, or fix the node.", host=host)]
+    return []
+
+
+def _python_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list[Problem]:
+    python = facts.get("python")
+    if python is None or contract.engine.backend != "dynamo_vllm" or host not in {n.host for n in contract.nodes}:
+        return []
+    if not python.get("exists"):
+        return [Problem("gms_python", f"{contract.python} does not exist or is not executable.",
+                        "install the engine runtime (a venv or container with ai-dynamo, vLLM and "
+                        "gpu_memory_service) and point gms_python at its interpreter.", host=host)]
+    missing = [name for name, ok in (python.get("modules") or {}).items() if not ok]
+    if python.get("error"):
+        missing = ["dynamo.vllm", "gpu_memory_service"]
+    if missing:
+        return [Problem("gms_python", f"{contract.python} cannot import {', '.join(missing)}.",
+                        "install ai-dynamo[vllm] and NVIDIA's gpu_memory_service into that environment.", host=host)]
+    return []
+
+
+def _memory_problems(contract: Contract, facts: dict[str, dict[str, Any] | None]) -> list[Problem]:
+    """Weights / TP + KV reserve + per-engine overhead for every cohort must fit one GPU's memory.
+
+    Shadows add no weight memory (they map the weights GMS already holds); each engine process still
+    costs its CUDA context and scratch space, counted by engine_overhead_gib.
+    """
+    memory = contract.memory
+    gpu_gib = memory.gpu_memory_gib
+    weights_gib = memory.weights_gib
+    for node in contract.nodes:
+        node_facts = facts.get(node.host) or {}
+        gpus = node_facts.get("gpus") or []
+        sizes = [g["memory_mib"] / 1024 for g in gpus if "memory_mib" in g]
+        if gpu_gib is None and sizes:
+            gpu_gib = min(sizes)
+        if weights_gib is None and node_facts.get("manifest_weight_bytes"):
+            weights_gib = node_facts["manifest_weight_bytes"] / GIB
+    if gpu_gib is None or weights_gib is None:
+        return []
+    tp = contract.engine.tensor_parallel_size
+    need = weights_gib / tp + memory.kv_reserve_gib + memory.engine_overhead_gib * contract.cohorts
+    if need <= gpu_gib:
+        return []
+    return [Problem("gms_memory", f"each GPU needs {need:.1f} GiB (weights {weights_gib:.1f} GiB / TP {tp} + KV reserve "
+                    f"{memory.kv_reserve_gib:g} GiB + {contract.cohorts} engines x {memory.engine_overhead_gib:g} GiB "
+                    f"overhead) but has {gpu_gib:.1f} GiB.",
+                    "raise gms_engine.tensor_parallel_size, lower gms_memory.kv_reserve_gib or gms_cohorts.")]

@@ -1,0 +1,162 @@
+"""Typed reads of user values that collect problems instead of raising.
+
+Inventory values arrive as YAML scalars, strings from `-e key=value`, or Jinja results. A number given
+as the string "8" is accepted (that is what `-e` produces); "eight" is a problem that names the field.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from .problems import Problem
+
+
+
+class Reader:
+    """Reads fields of one mapping, recording a Problem for each bad value."""
+
+    def __init__(self, problems: list[Problem], host: str | None = None) -> None:
+        self.problems = problems
+        self.host = host
+
+    def problem(self, field: str, message: str, fix: str) -> None:
+        self.problems.append(Problem(field=field, message=message, fix=fix, host=self.host))
+
+    def mapping(self, field: str, value: Any, known: dict[str, Any]) -> dict[str, Any]:
+        """A dict of known keys merged over defaults; unknown keys are reported with a suggestion."""
+        if value is None:
+            return dict(known)
+        if not isinstance(value, dict):
+            self.problem(field, f"must be a mapping, got {describe(value)}.",
+                         f"write {field} as a YAML mapping with the keys {', '.join(sorted(known))}.")
+            return dict(known)
+        for key in value:
+            if key not in known:
+                self.problem(f"{field}.{key}", "is not a known key.", suggest(str(key), list(known), field))
+        merged = dict(known)
+        merged.update({k: v for k, v in value.items() if k in known and v is not None})
+        return merged
+
+    def integer(self, field: str, value: Any, minimum: int | None = None, maximum: int | None = None,
+                example: int | None = None) -> int | None:
+        number = as_int(value)
+        if number is None:
+            hint = f" such as {example}" if example is not None else ""
+            self.problem(field, f"must be a whole number, got {describe(value)}.",
+                         f"set {field} to a whole number{hint}.")
+            return None
+        if minimum is not None and number < minimum or maximum is not None and number > maximum:
+            bounds = range_text(minimum, maximum)
+            self.problem(field, f"is {number}, outside {bounds}.", f"set {field} to a value in {bounds}.")
+            return None
+        return number
+
+    def number(self, field: str, value: Any, minimum: float = 0.0) -> float | None:
+        if isinstance(value, bool):
+            parsed = None
+        elif isinstance(value, (int, float)):
+            parsed = float(value)
+        else:
+            try:
+                parsed = float(str(value).strip())
+            except ValueError:
+                parsed = None
+        if parsed is None or parsed < minimum:
+            self.problem(field, f"must be a number of at least {minimum:g}, got {describe(value)}.",
+                         f"set {field} to a number such as 4 or 1.5.")
+            return None
+        return parsed
+
+    def boolean(self, field: str, value: Any) -> bool | None:
+        parsed = as_bool(value)
+        if parsed is None:
+            self.problem(field, f"must be true or false, got {describe(value)}.", f"set {field} to true or false.")
+        return parsed
+
+    def string(self, field: str, value: Any, example: str) -> str | None:
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+        self.problem(field, f"must be a non-empty string, got {describe(value)}.", f"set {field}, for example {example}.")
+        return None
+
+    def choice(self, field: str, value: Any, choices: list[str]) -> str | None:
+        if isinstance(value, str) and value in choices:
+            return value
+        self.problem(field, f"is {describe(value)}, not one of {', '.join(choices)}.",
+                     f"set {field} to one of {', '.join(choices)}.")
+        return None
+
+    def string_list(self, field: str, value: Any, example: str) -> list[str] | None:
+        if value is None:
+            return []
+        if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                                                    for v in value):
+            return [str(v) for v in value]
+        if isinstance(value, str):
+            self.problem(field, f"must be a list of strings, got the single string {value!r}.",
+                         f"write it as a YAML list, one argument per item: {example}.")
+        else:
+            self.problem(field, f"must be a list of strings, got {describe(value)}.",
+                         f"write it as a YAML list, one argument per item: {example}.")
+        return None
+
+
+def as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lstrip("+-").isdigit():
+            return int(text)
+    return None
+
+
+def as_bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("true", "yes", "on", "1"):
+            return True
+        if lowered in ("false", "no", "off", "0"):
+            return False
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    return None
+
+
+def describe(value: Any) -> str:
+    """A value as the user wrote it, with its type when that is the point."""
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, (list, tuple)):
+        return f"a list ({len(value)} items)"
+    if isinstance(value, dict):
+        return "a mapping"
+    return repr(value)
+
+
+def range_text(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"{minimum}..{maximum}"
+    if minimum is not None:
+        return f"{minimum} or more"
+    return f"at most {maximum}"
+
+
+def suggest(name: str, known: list[str], where: str) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]!r}? Rename it, or remove it."
+    return f"remove it; {where} takes {', '.join(sorted(known))}."
+
+

@@ -1,0 +1,115 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: shadowline contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: preflight_facts
+short_description: Gather the read-only node facts that shadowline's preflight checks need
+version_added: "0.1.0"
+description:
+  - Reads, without changing anything, what the preflight of a shadowline deployment needs from one node
+    listening TCP ports and whether each belongs to this deployment, the filesystem under the failover lock
+    path, the GPUs C(nvidia-smi) lists, whether the runtime Python finds the backend's modules, and the
+    total weight size from a staged model's manifest.
+  - Returns them as the fact C(shadowline_node). The C(shadowline.gms.preflight) action reads that fact from
+    every node and checks the whole deployment at once.
+  - Every option is taken as given, even when invalid, so a broken inventory still yields facts and the
+    preflight reports every problem in one run.
+options:
+  deployment:
+    description: Value of C(gms_deployment); processes of this deployment do not count as port conflicts.
+    type: raw
+  socket_dir:
+    description: Value of C(gms_socket_dir), when set.
+    type: raw
+  lock_path:
+    description: Value of C(gms_lock_path), when set; defaults from I(socket_dir) or I(deployment).
+    type: raw
+  python:
+    description: Value of C(gms_python), the runtime interpreter on the node.
+    type: raw
+  backend:
+    description: Value of C(gms_engine.backend).
+    type: raw
+  model:
+    description: Value of C(gms_model); the manifest in its local directory gives the weight size.
+    type: raw
+  service_user:
+    description: Value of C(gms_service_user).
+    type: raw
+    default: shadowline
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  facts:
+    support: full
+author:
+  - shadowline contributors
+"""
+
+EXAMPLES = r"""
+- name: Gather preflight facts on every node
+  shadowline.gms.preflight_facts:
+    deployment: "{{ gms_deployment | default(omit) }}"
+    lock_path: "{{ gms_lock_path | default(omit) }}"
+    python: "{{ gms_python | default(omit) }}"
+    backend: "{{ (gms_engine | default({})).backend | default(omit) }}"
+    model: "{{ gms_model | default(omit) }}"
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts about the node.
+  returned: always
+  type: dict
+  contains:
+    shadowline_node:
+      description: Listening ports, lock directory filesystem, GPUs, runtime Python and manifest size.
+      type: dict
+      sample:
+        listening: [{port: 22, address: 0.0.0.0, pid: 301, process: sshd, ours: false}]
+        lock_dir: {path: /run/shadowline/demo/gms, fstype: tmpfs, exists: false, read_only: false}
+        gpus: null
+        python: {path: /opt/shadowline/demo/venv/bin/python, exists: true, modules: {}}
+        manifest_weight_bytes: null
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.contract import (
+    effective_local_dir,
+    effective_paths,
+    effective_python,
+)
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.node_facts import gather
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "deployment": {"type": "raw"},
+            "socket_dir": {"type": "raw"},
+            "lock_path": {"type": "raw"},
+            "python": {"type": "raw"},
+            "backend": {"type": "raw"},
+            "model": {"type": "raw"},
+            "service_user": {"type": "raw", "default": "shadowline"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    _socket_dir, lock_path = effective_paths(p["deployment"], p["socket_dir"], p["lock_path"])
+    text = {k: v if isinstance(v, str) and v else None for k, v in p.items()}
+    facts = gather(deployment=text["deployment"], lock_path=lock_path,
+                   python=effective_python(p["deployment"], p["python"]), backend=text["backend"],
+                   model_dir=effective_local_dir(p["model"]), service_user=text["service_user"])
+    module.exit_json(changed=False, ansible_facts={"shadowline_node": facts})
+
+
+if __name__ == "__main__":
+    main()

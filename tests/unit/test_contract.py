@@ -1,0 +1,123 @@
+"""Contract parsing and preflight checks: every bad input is named with its fix, all at once."""
+
+from __future__ import annotations
+
+from shadowline.contract import parse_contract
+from shadowline.preflight import run_preflight
+
+from .helpers import hostvars
+
+
+def problems_of(nodes: int = 1, **shared) -> list[str]:
+    hv, hosts = hostvars(nodes, **shared)
+    _, problems = parse_contract(hv, hosts)
+    return [str(p) for p in problems]
+
+
+def test_valid_contract_has_no_problems():
+    assert problems_of(2, gms_engine={"tensor_parallel_size": 16}) == []
+
+
+def test_string_where_number_belongs_is_named():
+    (msg,) = problems_of(gms_engine={"tensor_parallel_size": "eight"})
+    assert msg.startswith("gms_engine.tensor_parallel_size: must be a whole number, got the string 'eight'.")
+    assert "Fix:" in msg
+
+
+def test_all_problems_reported_together():
+    msgs = problems_of(gms_deployment="Bad_Name", gms_cohorts="x", gms_ports={"fronted": 1},
+                       gms_model={"revision": "main"}, gms_engine={"backend": "vllm"})
+    fields = [m.split(":")[0] for m in msgs]
+    assert fields == ["gms_deployment", "gms_engine.backend", "gms_cohorts", "gms_ports.fronted",
+                      "gms_model.revision"], msgs
+
+
+def test_typo_in_variable_name_suggests_the_right_one():
+    msgs = problems_of(gms_cohort=3)
+    assert msgs == ["gms_cohort: is not a shadowline variable and would be ignored. Fix: did you mean 'gms_cohorts'? "
+                    "Rename it, or remove it."]
+
+
+def test_rank_problems():
+    hv, hosts = hostvars(3, gms_engine={"tensor_parallel_size": 24})
+    hv["node2"]["gms_node_rank"] = 1
+    _, problems = parse_contract(hv, hosts)
+    assert [str(p) for p in problems] == [
+        "gms_node_rank: rank 1 is given to node1 and node2; ranks must be unique. Fix: number the nodes 0..2, each once."]
+    hv["node2"]["gms_node_rank"] = 5
+    _, problems = parse_contract(hv, hosts)
+    assert "missing [2]" in str(problems[0])
+
+
+def test_shared_value_differs_between_hosts():
+    hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16})
+    hv["node1"]["gms_cohorts"] = 3
+    _, problems = parse_contract(hv, hosts)
+    assert str(problems[0]).startswith("gms_cohorts (host node1): differs between node0 and node1")
+
+
+def test_pickle_and_unpinned_allowed_when_asked():
+    assert problems_of(gms_model={"revision": "main", "format": "pt"},
+                       gms_model_allow_unpinned=True, gms_model_allow_pickle="true") == []
+
+
+def test_managed_flag_in_extra_args_is_refused():
+    (msg,) = problems_of(gms_engine={"extra_args": ["--master-port=1"]})
+    assert "contains --master-port" in msg and "gms_ports.master_base" in msg
+
+
+def facts(**overrides):
+    base = {"listening": [], "gpus": None, "python": {"exists": True, "modules": {"dynamo.vllm": True,
+                                                                                    "gpu_memory_service": True}},
+            "lock_dir": {"path": "/run/x", "exists": False, "existing_ancestor": "/run", "ancestor_is_dir": True,
+                         "fstype": "tmpfs", "mountpoint": "/run", "read_only": False},
+            "manifest_weight_bytes": None}
+    base.update(overrides)
+    return base
+
+
+def preflight(node_facts: dict, nodes: int = 1, **shared) -> list[str]:
+    hv, hosts = hostvars(nodes, **shared)
+    result = run_preflight(hv, hosts, [], {h: node_facts for h in hosts})
+    return [str(p) for p in result.problems]
+
+
+def test_lock_on_network_filesystem_is_refused():
+    lock = {**facts()["lock_dir"], "fstype": "nfs4", "mountpoint": "/shared"}
+    (msg,) = preflight(facts(lock_dir=lock))
+    assert msg.startswith("gms_lock_path (host node0): /run/shadowline/llama/gms/failover.lock is on nfs4")
+
+
+def test_gpu_count_must_match_nvidia_smi():
+    gpus = [{"uuid": f"GPU-{i}", "memory_mib": 81920.0} for i in range(4)]
+    (msg,) = preflight(facts(gpus=gpus))
+    assert "is 8 but nvidia-smi lists 4 GPU(s)" in msg
+
+
+def test_memory_budget_counts_weights_once_and_overhead_per_engine():
+    gpus = [{"uuid": f"GPU-{i}", "memory_mib": 81920.0} for i in range(8)]
+    weights = 140 * 1024 ** 3
+    assert preflight(facts(gpus=gpus, manifest_weight_bytes=weights), gms_cohorts=4) == []
+    assert preflight(facts(gpus=gpus, manifest_weight_bytes=weights), gms_cohorts=4,
+                     gms_engine={"tensor_parallel_size": 2, "gpus_per_node": 8}) == []  # 70 + 4 x 1 GiB fits
+    (msg,) = preflight(facts(gpus=gpus, manifest_weight_bytes=weights), gms_cohorts=12,
+                       gms_engine={"tensor_parallel_size": 2, "gpus_per_node": 8})
+    assert msg.startswith("gms_memory: each GPU needs 82.0 GiB (weights 140.0 GiB / TP 2 + KV reserve 0 GiB + "
+                          "12 engines x 1 GiB overhead) but has 80.0 GiB.")
+    (msg,) = preflight(facts(gpus=gpus), gms_memory={"weights_gib": 150, "kv_reserve_gib": 8},
+                       gms_engine={"tensor_parallel_size": 2, "gpus_per_node": 8})
+    assert "each GPU needs 85.0 GiB" in msg and "has 80.0 GiB" in msg
+
+
+def test_port_in_use_by_someone_else_but_not_by_us():
+    busy = [{"port": 8081, "address": "0.0.0.0", "pid": 42, "process": "nginx", "ours": False},
+            {"port": 8080, "address": "0.0.0.0", "pid": 43, "process": "python", "ours": True}]
+    (msg,) = preflight(facts(listening=busy))
+    assert msg == ("gms_ports.system_base (host node0): port 8081 (cohort 1 system port) is already in use by nginx "
+                   "(pid 42) on 0.0.0.0. Fix: stop that process, or move gms_ports.system_base to a free port.")
+
+
+def test_runtime_without_gms_is_refused_for_real_backend():
+    python = {"exists": True, "modules": {"dynamo.vllm": True, "gpu_memory_service": False}}
+    (msg,) = preflight(facts(python=python))
+    assert "cannot import gpu_memory_service" in msg

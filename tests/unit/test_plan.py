@@ -1,0 +1,155 @@
+"""The cohort plan: ports, ranks, headless flags, argv and environment for every backend and shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from shadowline.contract import parse_contract
+from shadowline.plan import Plan, build_plan, standin_gpu_uuids
+from shadowline.ports import port_problems
+
+from .helpers import hostvars
+
+
+def plan_for(nodes: int, **shared) -> Plan:
+    hv, hosts = hostvars(nodes, **shared)
+    contract, problems = parse_contract(hv, hosts)
+    assert problems == [], [str(p) for p in problems]
+    assert contract is not None
+    return build_plan(contract)
+
+
+def flag(argv: tuple[str, ...], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_upstream_recipe_cohort1_of_two_node_group():
+    plan = plan_for(2, gms_engine={"tensor_parallel_size": 16})
+    cohort = plan.cohort(1)
+    assert (cohort.ports.master, cohort.ports.system, cohort.ports.nixl) == (29600, 8081, 8281)
+    assert cohort.role == "shadow" and cohort.engine_id == 1
+    rank0, rank1 = cohort.ranks
+    assert "--headless" not in rank0.process.argv
+    assert rank1.process.argv[-1] == "--headless"
+    assert flag(rank1.process.argv, "--master-port") == "29600"
+    assert flag(rank1.process.argv, "--master-addr") == "198.18.0.10"
+    assert flag(rank1.process.argv, "--node-rank") == "1"
+    assert rank1.process.env["DYN_SYSTEM_PORT"] == "8081"
+    assert rank1.process.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "8281"
+    assert rank1.process.env["ENGINE_ID"] == "1"
+
+
+def test_single_node_has_no_multinode_flags():
+    plan = plan_for(1)
+    for cohort in plan.cohorts:
+        (rank,) = cohort.ranks
+        assert rank.leader and not rank.headless
+        for name in ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless",
+                     "--distributed-executor-backend"):
+            assert name not in rank.process.argv
+
+
+def test_real_backend_command_matches_contract():
+    plan = plan_for(2, gms_engine={"tensor_parallel_size": 16})
+    argv = plan.cohort(0).ranks[0].process.argv
+    assert argv[:3] == ("/opt/shadowline/llama/venv/bin/python", "-m", "dynamo.vllm")
+    for required in ("--load-format", "--enforce-eager", "--enable-sleep-mode"):
+        assert required in argv
+    assert flag(argv, "--load-format") == "gms"
+    assert flag(argv, "--tensor-parallel-size") == "16"
+    assert flag(argv, "--distributed-executor-backend") == "mp"
+    assert flag(argv, "--nnodes") == "2"
+    env = plan.cohort(0).ranks[0].process.env
+    assert env["DYN_VLLM_GMS_SHADOW_MODE"] == "true"
+    assert env["FAILOVER_LOCK_PATH"] == "/run/shadowline/llama/gms/failover.lock"
+    assert env["GMS_SOCKET_DIR"] == "/run/shadowline/llama/gms"
+    assert env["ETCD_ENDPOINTS"] == "http://198.18.0.10:2379"
+    assert env["NATS_SERVER"] == "nats://198.18.0.10:4222"
+    assert env["ETCD_LEASE_TTL"] == "5"
+    assert plan.gms_servers[0].argv[1:] == ("-m", "gpu_memory_service.cli.server")
+    assert "SHADOWLINE_STANDIN_GPUS" not in env
+
+
+def test_standin_differs_only_in_executable():
+    real = plan_for(2, gms_engine={"tensor_parallel_size": 2, "gpus_per_node": 1})
+    standin = plan_for(2, gms_engine={"tensor_parallel_size": 2, "gpus_per_node": 1, "backend": "standin"})
+    for a, b in zip(real.cohorts, standin.cohorts):
+        for ra, rb in zip(a.ranks, b.ranks):
+            assert ra.process.argv[2] == "dynamo.vllm" and rb.process.argv[2] == "shadowline.standin.engine"
+            assert ra.process.argv[3:] == rb.process.argv[3:]
+            extra = {k: v for k, v in rb.process.env.items() if k not in ra.process.env}
+            assert list(extra) == ["SHADOWLINE_STANDIN_GPUS"]
+    uuids = standin.cohort(0).ranks[1].process.env["SHADOWLINE_STANDIN_GPUS"].split(",")
+    assert uuids == standin_gpu_uuids("llama", "node1", 1)
+    assert standin.gms_servers[1].env["SHADOWLINE_STANDIN_GPUS"] == ",".join(uuids)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 8])
+@pytest.mark.parametrize("shadows", [1, 2, 3, 4])
+def test_every_rank_of_every_cohort(nodes: int, shadows: int):
+    plan = plan_for(nodes, gms_cohorts=shadows + 1, gms_engine={"tensor_parallel_size": 8 * nodes})
+    assert [c.role for c in plan.cohorts] == ["primary"] + ["shadow"] * shadows
+    assert [c.engine_id for c in plan.cohorts] == list(range(shadows + 1))
+    masters = [c.ports.master for c in plan.cohorts]
+    assert masters == [29500 + 100 * i for i in range(shadows + 1)]
+    assert [c.ports.system for c in plan.cohorts] == [8080 + i for i in range(shadows + 1)]
+    assert [c.ports.nixl for c in plan.cohorts] == [8280 + i for i in range(shadows + 1)]
+    for cohort in plan.cohorts:
+        assert [r.node_rank for r in cohort.ranks] == list(range(nodes))
+        assert [r.leader for r in cohort.ranks] == [True] + [False] * (nodes - 1)
+        assert [r.headless for r in cohort.ranks] == [False] + [True] * (nodes - 1)
+        for rank in cohort.ranks:
+            assert rank.process.env["ENGINE_ID"] == str(cohort.engine_id)
+            assert rank.process.env["DYN_SYSTEM_HOST"] == rank.address
+            if nodes > 1:
+                assert flag(rank.process.argv, "--master-port") == str(cohort.ports.master)
+                assert flag(rank.process.argv, "--node-rank") == str(rank.node_rank)
+    assert port_problems(plan_contract_ports(nodes, shadows), shadows + 1) == []
+
+
+def plan_contract_ports(nodes: int, shadows: int):
+    hv, hosts = hostvars(nodes, gms_cohorts=shadows + 1, gms_engine={"tensor_parallel_size": 8 * nodes})
+    contract, _ = parse_contract(hv, hosts)
+    assert contract is not None
+    return contract.ports
+
+
+def test_tensor_parallel_inside_a_node():
+    plan = plan_for(1, gms_engine={"tensor_parallel_size": 4, "gpus_per_node": 8})
+    assert flag(plan.cohort(0).ranks[0].process.argv, "--tensor-parallel-size") == "4"
+
+
+def test_extra_args_are_appended_verbatim():
+    plan = plan_for(1, gms_engine={"extra_args": ["--max-model-len", "8192", "--gpu-memory-utilization=0.85"]})
+    assert plan.cohort(1).ranks[0].process.argv[-3:] == ("--max-model-len", "8192", "--gpu-memory-utilization=0.85")
+
+
+def test_three_infra_hosts_give_every_endpoint():
+    hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16})
+    for i, name in enumerate(["infra0", "infra1", "infra2"]):
+        hv[name] = {"ansible_host": f"198.18.1.{i + 1}"}
+    contract, problems = parse_contract(hv, hosts, ["infra0", "infra1", "infra2"])
+    assert not problems and contract is not None
+    plan = build_plan(contract)
+    assert plan.infra.etcd_endpoints == "http://198.18.1.1:2379,http://198.18.1.2:2379,http://198.18.1.3:2379"
+    assert plan.cohort(0).ranks[0].process.env["ETCD_ENDPOINTS"] == plan.infra.etcd_endpoints
+    assert plan.infra.frontend.host == "infra0"
+    assert flag(plan.infra.frontend.argv, "--migration-limit") == "3"
+
+
+def test_numbers_from_extra_vars_strings_are_accepted():
+    plan = plan_for(2, gms_cohorts="3", gms_engine={"tensor_parallel_size": "16", "gpus_per_node": "8"})
+    assert len(plan.cohorts) == 3
+
+
+def test_plan_dict_is_json_ready():
+    data = plan_for(2, gms_engine={"tensor_parallel_size": 16}).to_dict()
+    assert data["cohorts"][1]["ranks"][1]["process"]["argv"][-1] == "--headless"
+    assert data["cohorts"][1]["ports"] == {"master": 29600, "system": 8081, "nixl": 8281}
+
+
+def test_custom_ports_and_paths():
+    plan = plan_for(1, gms_ports={"master_base": 31000, "master_stride": 10, "system_base": 9100, "nixl_base": 9300},
+                    gms_socket_dir="/srv/gms", gms_cohorts=3)
+    assert [c.ports.master for c in plan.cohorts] == [31000, 31010, 31020]
+    assert plan.lock_path == "/srv/gms/failover.lock"
