@@ -32,6 +32,7 @@ DEFAULT_PORTS: dict[str, int] = {
     "etcd_peer": 2380,
     "nats": 4222,
     "nats_monitor": 8222,
+    "nats_cluster": 6222,
 }
 DEFAULT_MODEL: dict[str, Any] = {"id": None, "revision": None, "source": None, "local_dir": None, "format": "safetensors"}
 DEFAULT_ENGINE: dict[str, Any] = {
@@ -50,6 +51,8 @@ DEFAULT_MEMORY: dict[str, Any] = {
 }
 DEFAULT_COHORTS = 2
 DEFAULT_PYTHON = "/opt/shadowline/{deployment}/venv/bin/python"
+STATE_DIR = "/var/lib/shadowline/{deployment}"  # etcd and NATS data, the frontend's HOME, event logs
+CONFIG_DIR = "/etc/shadowline/{deployment}"
 DEFAULT_SERVICE_USER = "shadowline"
 
 # Flags shadowline sets itself from the plan; a user who puts them in extra_args would fight the plan.
@@ -82,6 +85,7 @@ class Ports:
     etcd_peer: int
     nats: int
     nats_monitor: int
+    nats_cluster: int
 
 
 @dataclass(frozen=True)

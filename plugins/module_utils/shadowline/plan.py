@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .contract import Contract, Node
+from .contract import CONFIG_DIR, STATE_DIR, Contract, Node
 from .ports import CohortPorts, cohort_ports
 
 ENGINE_MODULE = {"dynamo_vllm": "dynamo.vllm", "standin": "shadowline.standin.engine"}
@@ -28,6 +28,7 @@ class Process:
     host: str
     argv: tuple[str, ...]
     env: dict[str, str]
+    files: dict[str, str] = field(default_factory=dict)  # configuration files the process reads: path -> text
 
     def command_line(self) -> str:
         return " ".join(shell_quote(a) for a in self.argv)
@@ -62,12 +63,17 @@ class InfraPlan:
     nats_server: str
     frontend_url: str
     frontend: Process
+    etcd: tuple[Process, ...]  # one member per infra host
+    nats: tuple[Process, ...]  # one server per infra host (a JetStream cluster with 3)
 
 
 @dataclass(frozen=True)
 class Plan:
     deployment: str
     backend: str
+    state_dir: str
+    config_dir: str
+    service_user: str
     model_id: str
     model_dir: str
     revision: str
@@ -90,7 +96,10 @@ def build_plan(contract: Contract) -> Plan:
     gms_servers = tuple(_gms_server(contract, node) for node in contract.nodes)
     cohorts = tuple(_cohort_plan(contract, infra, cohort) for cohort in range(contract.cohorts))
     return Plan(
-        deployment=contract.deployment, backend=contract.engine.backend, model_id=contract.model.id,
+        deployment=contract.deployment, backend=contract.engine.backend,
+        state_dir=STATE_DIR.format(deployment=contract.deployment),
+        config_dir=CONFIG_DIR.format(deployment=contract.deployment), service_user=contract.service_user,
+        model_id=contract.model.id,
         model_dir=contract.model.local_dir, revision=contract.model.revision, socket_dir=contract.socket_dir,
         lock_path=contract.lock_path, nodes=contract.nodes, infra=infra, gms_servers=gms_servers, cohorts=cohorts,
     )
@@ -108,15 +117,52 @@ def _infra_plan(contract: Contract) -> InfraPlan:
     first = contract.infra_hosts[0]
     argv = (contract.python, "-m", "dynamo.frontend", "--http-host", contract.frontend_bind,
             "--http-port", str(ports.frontend), "--migration-limit", str(FRONTEND_MIGRATION_LIMIT))
+    state_dir = STATE_DIR.format(deployment=contract.deployment)
     env = {
         **_discovery_env(etcd, nats),
         "DYN_TCP_RESPONSE_STREAM_HOST": first.address,
         "HF_HUB_OFFLINE": "1",
+        "HOME": f"{state_dir}/frontend",
         "SHADOWLINE_DEPLOYMENT": contract.deployment,
     }
     return InfraPlan(hosts=contract.infra_hosts, etcd_endpoints=etcd, nats_server=nats,
                      frontend_url=f"http://{contract.frontend_bind}:{ports.frontend}",
-                     frontend=Process(host=first.host, argv=argv, env=env))
+                     frontend=Process(host=first.host, argv=argv, env=env),
+                     etcd=tuple(_etcd_member(contract, node) for node in contract.infra_hosts),
+                     nats=tuple(_nats_server(contract, node) for node in contract.infra_hosts))
+
+
+def _etcd_member(contract: Contract, node: Node) -> Process:
+    """One etcd member, listening on the node's address only; 1 or 3 members form the cluster."""
+    ports = contract.ports
+    cluster = ",".join(f"{n.host}=http://{n.address}:{ports.etcd_peer}" for n in contract.infra_hosts)
+    argv = ("/usr/bin/etcd", "--name", node.host,
+            "--data-dir", f"{STATE_DIR.format(deployment=contract.deployment)}/etcd",
+            "--listen-client-urls", f"http://{node.address}:{ports.etcd_client}",
+            "--advertise-client-urls", f"http://{node.address}:{ports.etcd_client}",
+            "--listen-peer-urls", f"http://{node.address}:{ports.etcd_peer}",
+            "--initial-advertise-peer-urls", f"http://{node.address}:{ports.etcd_peer}",
+            "--initial-cluster", cluster, "--initial-cluster-token", f"shadowline-{contract.deployment}",
+            "--initial-cluster-state", "new")
+    return Process(host=node.host, argv=argv, env={})
+
+
+def _nats_server(contract: Contract, node: Node) -> Process:
+    """NATS with JetStream; client port on the node's address, monitoring on loopback only."""
+    ports = contract.ports
+    config_path = f"{CONFIG_DIR.format(deployment=contract.deployment)}/nats-server.conf"
+    lines = [
+        f'server_name: "{node.host}"',
+        f'listen: "{node.address}:{ports.nats}"',
+        f'http: "127.0.0.1:{ports.nats_monitor}"',
+        f'jetstream {{ store_dir: "{STATE_DIR.format(deployment=contract.deployment)}/nats" }}',
+    ]
+    if len(contract.infra_hosts) > 1:
+        routes = ", ".join(f'"nats-route://{n.address}:{ports.nats_cluster}"' for n in contract.infra_hosts)
+        lines.append(f'cluster {{ name: "shadowline-{contract.deployment}", '
+                     f'listen: "{node.address}:{ports.nats_cluster}", routes: [{routes}] }}')
+    return Process(host=node.host, argv=("/usr/sbin/nats-server", "-c", config_path), env={},
+                   files={config_path: "\n".join(lines) + "\n"})
 
 
 def _discovery_env(etcd_endpoints: str, nats_server: str) -> dict[str, str]:

@@ -44,6 +44,7 @@ def port_uses(ports: Ports, cohorts: int) -> list[PortUse]:
         PortUse(ports.etcd_peer, "etcd peer", "gms_ports.etcd_peer", "infra hosts"),
         PortUse(ports.nats, "NATS", "gms_ports.nats", "infra hosts"),
         PortUse(ports.nats_monitor, "NATS monitoring", "gms_ports.nats_monitor", "infra hosts"),
+        PortUse(ports.nats_cluster, "NATS cluster routes", "gms_ports.nats_cluster", "infra hosts"),
     ]
     for cohort in range(cohorts):
         cp = cohort_ports(ports, cohort)

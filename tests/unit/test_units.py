@@ -1,0 +1,71 @@
+"""systemd units rendered from the plan: the plan's argv verbatim, hardening, and systemd-analyze verify."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shadowline import units
+from shadowline.contract import parse_contract
+from shadowline.plan import build_plan
+
+from .helpers import hostvars
+
+
+def plan_dict(**shared) -> dict:
+    shared.setdefault("gms_engine", {"tensor_parallel_size": 16})
+    hv, hosts = hostvars(2, gms_python="/usr/bin/python3", gms_service_user="root", **shared)
+    contract, problems = parse_contract(hv, hosts)
+    assert not problems
+    return build_plan(contract).to_dict()
+
+
+def test_quoting_keeps_specifiers_and_variables_literal():
+    assert units.systemd_quote("--x=%h") == "--x=%%h"
+    assert units.systemd_quote("$HOME") == "$$HOME"
+    assert units.systemd_quote('{"a": 1}') == '"{\\"a\\": 1}"'
+    assert units.environment_lines({"A": 'x "y" 50%'}) == ['Environment="A=x \\"y\\" 50%%"']
+
+
+def test_engine_dropin_runs_the_plan_verbatim():
+    plan = plan_dict(gms_engine={"tensor_parallel_size": 16, "extra_args": ["--override", '{"k": "v w"}']})
+    text = units.engine_dropin(plan, "node1", 1)
+    argv = plan["cohorts"][1]["ranks"][1]["process"]["argv"]
+    assert units.exec_start(argv) in text
+    assert 'Environment="ENGINE_ID=1"' in text and 'Environment="DYN_SYSTEM_PORT=8081"' in text
+    assert text.splitlines()[-1].endswith('"{\\"k\\": \\"v w\\"}"')
+
+
+def test_engine_template_never_restarts_and_kills_the_whole_group():
+    text = units.engine_template(plan_dict())
+    for line in ("Restart=no", "KillMode=control-group", "NoNewPrivileges=yes", "ProtectSystem=strict",
+                 "PrivateTmp=yes", "User=root", "ReadWritePaths=/run/shadowline/llama/gms /var/lib/shadowline/llama/engines"):
+        assert line in text.splitlines()
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is part of systemd")
+def test_every_rendered_unit_passes_systemd_analyze_verify(tmp_path: Path):
+    plan = plan_dict()
+    files = {
+        units.unit_name(plan, "gms"): units.gms_unit(plan, "node0"),
+        units.unit_name(plan, "frontend"): units.frontend_unit(plan),
+        units.unit_name(plan, "engine"): units.engine_template(plan),
+    }
+    for binary, kind, render in (("/usr/bin/etcd", "etcd", units.etcd_unit), ("/usr/sbin/nats-server", "nats", units.nats_unit)):
+        assert os.path.exists(binary), f"{binary} missing: make setup installs it"
+        files[units.unit_name(plan, kind)] = render(plan, "node0")
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    for cohort in (0, 1):
+        dropin = tmp_path / f"{units.unit_name(plan, 'engine', cohort)}.d"
+        dropin.mkdir()
+        (dropin / "plan.conf").write_text(units.engine_dropin(plan, "node1", cohort))
+    names = [n for n in files if "@" not in n] + [units.unit_name(plan, "engine", c) for c in (0, 1)]
+    result = subprocess.run(["systemd-analyze", "verify", *names], cwd=tmp_path, capture_output=True, text=True,
+                            env={**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"})
+    assert result.returncode == 0, result.stderr
+    assert "ExecStart" not in result.stderr, result.stderr
