@@ -1,0 +1,1 @@
+"""The shadowline multi-host testbed: see testbed/testbed.py and docs/testbed.md."""
