@@ -1,0 +1,266 @@
+"""The real Dynamo worker a stand-in leader runs once it is primary: ``dynamo.mocker``.
+
+It runs only after the leader holds the failover lock, so nothing is registered in discovery
+before that (as a shadow upstream registers only after waking). A parked shadow pre-starts it
+(``prewarm``: the process imports the mocker and waits, see worker_launcher) so that waking costs
+no Python start-up; ``SHADOWLINE_STANDIN_PREWARM=0`` starts it only at wake instead. It runs in the
+leader's process group, holds the lock descriptor (inherited, or passed at wake by SCM_RIGHTS),
+and has PR_SET_PDEATHSIG(SIGKILL): killing the leader kills it and releases the lock, and
+``kill -STOP -<pgid>`` freezes both. Every listener it opens is on the engine's host address: its
+system port (a free port in 20000-28999 there, which also serves the model card files the
+frontend downloads), its TCP request plane; events go through NATS instead of ZMQ (which would
+bind 0.0.0.0).
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import json
+import logging
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from . import unix_messages
+
+log = logging.getLogger("shadowline.standin.worker")
+
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+# Dynamo parses DYN_SYSTEM_PORT as a signed 16-bit number, so the kernel's ephemeral ports (32768
+# and up) are refused; the worker's port is drawn from this range instead (clear of the reference
+# port plan: 8000, 8080+, 8280+, 29500+, 2379/2380, 4222/8222).
+WORKER_PORT_RANGE = (20000, 28999)
+
+
+def free_port(host: str, low: int = WORKER_PORT_RANGE[0], high: int = WORKER_PORT_RANGE[1]) -> int:
+    """A port in [low, high] that is free on ``host`` right now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randint(low, high)
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {low}-{high} on {host}")
+
+
+def port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def http_get(url: str, timeout: float) -> tuple[int, dict[str, str], bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers or {}), e.read()
+
+
+def etcd_has_key_suffix(endpoints: str, prefix: str, suffix: str, timeout: float = 1.0) -> bool | None:
+    """Whether etcd has a key under ``prefix`` ending in ``suffix`` (v3 JSON gateway); None if unknown."""
+    b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
+    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    body = json.dumps({"key": b64(prefix), "range_end": b64(end), "keys_only": True}).encode()
+    for ep in [e.strip().rstrip("/") for e in endpoints.split(",") if e.strip()]:
+        if "://" not in ep:
+            ep = "http://" + ep
+        req = urllib.request.Request(ep + "/v3/kv/range", data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                kvs = json.load(r).get("kvs", [])
+        except (OSError, ValueError):
+            continue
+        return any(base64.b64decode(kv["key"]).decode().endswith(suffix) for kv in kvs)
+    return None
+
+
+class Worker:
+    def __init__(self, model_dir: str, served_model_name: str, host: str) -> None:
+        self.model_dir, self.name, self.host = model_dir, served_model_name, host
+        self.lock_fd = -1
+        self.proc: subprocess.Popen | None = None
+        self._control: socket.socket | None = None
+        self.port = 0
+        self.worker_id: str | None = None
+        self.frozen = False
+        self._mutex = threading.Lock()
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "DYN_SYSTEM_HOST": self.host,
+            "DYN_SYSTEM_PORT": str(self.port),
+            "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS": '["generate"]',
+        })
+        env.setdefault("DYN_TCP_RPC_HOST", self.host)
+        env.setdefault("DYN_EVENT_PLANE", "nats")  # zmq would bind 0.0.0.0
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        return env
+
+    def _pick_port(self) -> None:
+        low, high = WORKER_PORT_RANGE
+        raw = os.environ.get("SHADOWLINE_STANDIN_WORKER_PORT_RANGE", "")
+        if raw:
+            low, high = (int(x) for x in raw.split("-", 1))
+        self.port = free_port(self.host, low, high)
+
+    def _spawn(self, argv: list[str], pass_fds: tuple[int, ...]) -> subprocess.Popen:
+        parent = os.getpid()
+
+        def in_child() -> None:  # between fork and exec: die with the leader
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+        return subprocess.Popen(argv, env=self._env(), pass_fds=pass_fds, preexec_fn=in_child)
+
+    def mocker_args(self) -> list[str]:
+        return ["--model-path", self.model_dir, "--model-name", self.name]
+
+    def prewarm(self) -> None:
+        """Start the worker process now, parked before it registers anything (see worker_launcher)."""
+        self._pick_port()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = self._spawn([sys.executable, "-m", "shadowline.standin.worker_launcher",
+                                     str(theirs.fileno())], (theirs.fileno(),))
+        finally:
+            theirs.close()
+        self._control = ours
+        log.info("worker: pre-started dynamo.mocker pid %d, parked until this engine holds the lock", self.proc.pid)
+        pid = self.proc.pid
+
+        def report_warm() -> None:
+            try:
+                if unix_messages.recv(ours)[0].get("warm"):
+                    log.info("worker: pre-started dynamo.mocker pid %d is warm", pid)
+            except (unix_messages.ConnectionClosed, OSError, ValueError):
+                pass
+
+        threading.Thread(target=report_warm, name="worker-warm", daemon=True).start()
+
+    def start(self, lock_fd: int) -> None:
+        """Run the worker: release the pre-started one, or start one now."""
+        self.lock_fd = lock_fd
+        fds = (lock_fd,) if lock_fd >= 0 else ()
+        if self._control is not None:
+            if self.proc is not None and self.proc.poll() is None and port_free(self.host, self.port):
+                unix_messages.send(self._control, {"argv": self.mocker_args()}, fds)
+                self._control.close()
+                self._control = None
+                log.info("worker: started dynamo.mocker pid %d (system port %s:%d, model %s)", self.proc.pid,
+                         self.host, self.port, self.name)
+                return
+            log.warning("worker: the pre-started worker died or its port %d was taken; starting a new one", self.port)
+            self.discard()
+        self._pick_port()
+        self.proc = self._spawn([sys.executable, "-m", "dynamo.mocker", *self.mocker_args()], fds)
+        log.info("worker: started dynamo.mocker pid %d (system port %s:%d, model %s)", self.proc.pid, self.host,
+                 self.port, self.name)
+
+    def discard(self) -> None:
+        """Drop a pre-started worker that never ran."""
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if self.proc is not None:
+            self.signal(signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+    def wait_registered(self, timeout: float, stop: threading.Event) -> bool:
+        """Until the worker's generate endpoint is ready and its model card is in discovery."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        etcd = os.environ.get("ETCD_ENDPOINTS", "")
+        phase = "health"
+        while time.monotonic() < deadline and not stop.is_set():
+            if self.proc.poll() is not None:
+                log.error("worker: dynamo.mocker exited with %s before it registered", self.proc.returncode)
+                return False
+            try:
+                if phase == "health":
+                    status, _, body = http_get(self.base_url + "/health", 0.5)
+                    if status == 200 and json.loads(body).get("endpoints", {}).get("generate") == "ready":
+                        phase = "metrics"
+                if phase == "metrics":
+                    _, _, body = http_get(self.base_url + "/metrics", 0.5)
+                    m = re.search(rb'dynamo_endpoint="generate"[^}]*worker_id="([0-9a-f]+)"', body)
+                    if m:
+                        self.worker_id = m.group(1).decode()
+                        phase = "discovery"
+                if phase == "discovery":
+                    if not etcd:
+                        return True
+                    found = etcd_has_key_suffix(etcd, "v1/mdc/", "/" + self.worker_id)
+                    if found is None:
+                        log.warning("worker: etcd at %s not readable; taking a ready endpoint as registered", etcd)
+                        return True
+                    if found:
+                        return True
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.02)
+        return False
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def freeze(self, why: str) -> None:
+        with self._mutex:
+            if self.proc is not None and not self.frozen:
+                self.signal(signal.SIGSTOP)
+                self.frozen = True
+                log.warning("worker: frozen (SIGSTOP) because %s", why)
+
+    def thaw(self) -> None:
+        with self._mutex:
+            if self.proc is not None and self.frozen:
+                self.signal(signal.SIGCONT)
+                self.frozen = False
+                log.warning("worker: resumed (SIGCONT)")
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self._control is not None:
+            self.discard()
+            return
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait()
+        log.info("worker: dynamo.mocker stopped (exit %s)", self.proc.returncode)
