@@ -9,7 +9,7 @@ export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
 NODES ?= 3
 INVENTORY ?= inventories/local
 
-.PHONY: help setup demo test lint unit preflight-cases build clean
+.PHONY: help setup runtime demo test lint build preflight testbed-up testbed-down deploy status teardown clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 22
@@ -26,6 +26,25 @@ collections/ansible_collections/shadowline/gms:
 	mkdir -p collections/ansible_collections/shadowline
 	ln -sfn ../../.. $@
 	$(BIN)/ansible-galaxy collection install -r collections/requirements.yml -p collections >/dev/null
+
+runtime: setup ## the engines' runtime (.runtime: Dynamo 1.6.1 on CPU) and the tiny local model
+	scripts/install-runtime
+	test -f .cache/models/tiny-llama/config.json || .runtime/bin/python scripts/make-tiny-model .cache/models/tiny-llama
+
+testbed-up: setup ## boot NODES testbed hosts (default 3; SLURM=1 adds a Slurm cluster)
+	testbed/testbed.py up --nodes $(NODES) $(if $(SLURM),--slurm)
+
+testbed-down: ## remove the testbed and every trace of it
+	testbed/testbed.py down
+
+deploy: runtime ## site.yml on the testbed (make testbed-up first)
+	$(BIN)/ansible-playbook -i inventories/testbed playbooks/site.yml
+
+status: setup ## the status table of the testbed deployment
+	$(BIN)/ansible-playbook -i inventories/testbed playbooks/status.yml
+
+teardown: setup ## remove the testbed deployment (keeps the testbed)
+	$(BIN)/ansible-playbook -i inventories/testbed playbooks/teardown.yml
 
 demo: setup ## run the main job on the embedded default
 	scripts/demo

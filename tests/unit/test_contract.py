@@ -57,7 +57,7 @@ def test_shared_value_differs_between_hosts():
 
 
 def test_pickle_and_unpinned_allowed_when_asked():
-    assert problems_of(gms_model={"revision": "main", "format": "pt"},
+    assert problems_of(gms_model={"revision": "main", "format": "pytorch"},
                        gms_model_allow_unpinned=True, gms_model_allow_pickle="true") == []
 
 

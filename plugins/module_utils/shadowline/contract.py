@@ -11,15 +11,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .model.errors import SpecError
+from .model.spec import FORMATS, PINNED_RE, parse_source
 from .problems import Problem
 from .values import Reader, describe, suggest
 
 BACKENDS = ["dynamo_vllm", "standin"]
 SAFE_FORMATS = ["safetensors"]
-PICKLE_FORMATS = ["pt", "bin", "pytorch"]
-SOURCE_SCHEMES = ["hf", "file", "rsync"]
+PICKLE_FORMATS = [f for f in FORMATS if f not in SAFE_FORMATS]
 DEPLOYMENT_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")
-REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
+REVISION_RE = PINNED_RE
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 DEFAULT_PORTS: dict[str, int] = {
@@ -356,24 +357,17 @@ def as_allowed(value: Any) -> bool:
 
 
 def _parse_source(read: Reader, source: Any) -> str | None:
+    """The source URI, checked by the staging library's own parser (one parser for both)."""
     if not isinstance(source, str):
         read.problem("gms_model.source", f"must be a URI string, got {describe(source)}.",
                      "use hf://<repo>, file:///<path> or rsync://<host>/<path>.")
         return None
-    scheme, sep, rest = source.partition("://")
-    if not sep or scheme not in SOURCE_SCHEMES or not rest.strip("/"):
-        read.problem("gms_model.source", f"{source!r} is not a supported source URI.",
-                     "use hf://<repo>, file:///<absolute path> or rsync://<host>/<path>.")
+    try:
+        return parse_source(source, "").uri
+    except SpecError as err:
+        read.problem("gms_model.source", err.message.removeprefix("gms_model.source ").rstrip(".") + ".",
+                     err.fix or "use hf://<repo>, file:///<path> or rsync://<host>/<path>.")
         return None
-    if scheme == "file" and not rest.startswith("/"):
-        read.problem("gms_model.source", f"{source!r} needs an absolute path after file://.",
-                     "write file:///shared/models/<name> (three slashes).")
-        return None
-    if scheme == "rsync" and "/" not in rest.strip("/"):
-        read.problem("gms_model.source", f"{source!r} names a host but no path.",
-                     "write rsync://<staging host>/<path of the model on it>.")
-        return None
-    return source
 
 
 def _check_model_policy(read: Reader, model: Model, allow_unpinned: bool | None, allow_pickle: bool | None) -> None:

@@ -22,6 +22,7 @@ def gather(deployment: str | None, lock_path: str | None, python: str | None, ba
            model_dir: str | None, service_user: str | None) -> dict[str, Any]:
     return {
         "listening": listening_ports(deployment),
+        "processes": deployment_processes(deployment) if deployment else [],
         "lock_dir": path_facts(os.path.dirname(lock_path), service_user) if lock_path else None,
         "gpus": nvidia_gpus(),
         "python": python_facts(python, backend) if python else None,
@@ -45,6 +46,15 @@ def listening_ports(deployment: str | None) -> list[dict[str, Any]]:
             "ours": bool(pid and deployment and _belongs_to(pid, deployment)),
         })
     return result
+
+
+def deployment_processes(deployment: str) -> list[dict[str, Any]]:
+    """Every process of the deployment on this node (by unit cgroup or environment marker)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid() and _belongs_to(int(name), deployment):
+            found.append({"pid": int(name), "process": _comm(int(name))})
+    return found
 
 
 def _listen_entries(path: str) -> list[tuple[int, str, str]]:

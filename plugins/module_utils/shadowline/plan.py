@@ -13,7 +13,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .contract import CONFIG_DIR, STATE_DIR, Contract, Node
+from .contract import CONFIG_DIR, STATE_DIR, Contract, Node, Ports
 from .ports import CohortPorts, cohort_ports
 
 ENGINE_MODULE = {"dynamo_vllm": "dynamo.vllm", "standin": "shadowline.standin.engine"}
@@ -74,6 +74,8 @@ class Plan:
     state_dir: str
     config_dir: str
     service_user: str
+    gpus_per_node: int
+    ports: Ports
     model_id: str
     model_dir: str
     revision: str
@@ -99,7 +101,7 @@ def build_plan(contract: Contract) -> Plan:
         deployment=contract.deployment, backend=contract.engine.backend,
         state_dir=STATE_DIR.format(deployment=contract.deployment),
         config_dir=CONFIG_DIR.format(deployment=contract.deployment), service_user=contract.service_user,
-        model_id=contract.model.id,
+        gpus_per_node=contract.engine.gpus_per_node, ports=contract.ports, model_id=contract.model.id,
         model_dir=contract.model.local_dir, revision=contract.model.revision, socket_dir=contract.socket_dir,
         lock_path=contract.lock_path, nodes=contract.nodes, infra=infra, gms_servers=gms_servers, cohorts=cohorts,
     )
@@ -232,3 +234,12 @@ def _rank_plan(contract: Contract, infra: InfraPlan, cohort: int, ports: CohortP
 def shell_quote(arg: str) -> str:
     safe = all(c.isalnum() or c in "@%+=:,./-_" for c in arg)
     return arg if arg and safe else "'" + arg.replace("'", "'\"'\"'") + "'"
+
+
+def restart_order(cohorts: list[int], serving: int | None) -> list[int]:
+    """The order to (re)start cohorts in: on a new deployment the primary first; on a running one the parked
+    shadows first and the serving cohort last, so a parked shadow takes over while it restarts."""
+    ordered = sorted(cohorts)
+    if serving is None or serving not in ordered:
+        return ordered
+    return [c for c in ordered if c != serving] + [serving]

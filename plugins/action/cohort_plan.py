@@ -1,0 +1,36 @@
+# -*- coding: utf-8 -*-
+# Copyright: shadowline contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Controller side of shadowline.gms.cohort_plan: the cohort plan from the inventory, as the fact gms_plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.plugins.action import ActionBase
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.contract import parse_contract
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.plan import build_plan
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.problems import Problem, format_problems
+from ansible_collections.shadowline.gms.plugins.plugin_utils.hostvars import contract_hosts, read_host
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(("nodes_group", "infra_group"))
+    _requires_connection = False
+
+    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        node_hosts, infra_hosts = contract_hosts(task_vars, self._task.args.get("nodes_group", "gms_nodes"),
+                                                 self._task.args.get("infra_group", "gms_infra"))
+        problems: list[Problem] = []
+        hostvars = {host: read_host(task_vars, host, problems) for host in dict.fromkeys(node_hosts + infra_hosts)}
+        contract, parse_problems = parse_contract(hostvars, node_hosts, infra_hosts)
+        problems += parse_problems
+        if problems or contract is None:
+            result.update(failed=True, changed=False, msg=format_problems(problems, "the cohort plan"))
+            return result
+        plan = build_plan(contract).to_dict()
+        result.update(changed=False, plan=plan, ansible_facts={"gms_plan": plan})
+        return result

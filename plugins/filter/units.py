@@ -1,0 +1,41 @@
+# -*- coding: utf-8 -*-
+# Copyright: shadowline contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Filters that turn the cohort plan (the gms_plan fact) into systemd unit names and texts."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline import units
+
+
+RENDERERS: dict[str, Callable[..., str]] = {
+    "gms": units.gms_unit,
+    "etcd": units.etcd_unit,
+    "nats": units.nats_unit,
+}
+
+
+def unit_name(plan: dict[str, Any], kind: str, cohort: int | None = None) -> str:
+    return units.unit_name(plan, kind, None if cohort is None else int(cohort))
+
+
+def unit_text(plan: dict[str, Any], kind: str, host: str | None = None, cohort: int | None = None) -> str:
+    """The unit file (or, for kind engine with a cohort, that cohort's drop-in) for a host."""
+    try:
+        if kind == "frontend":
+            return units.frontend_unit(plan)
+        if kind == "engine" and cohort is None:
+            return units.engine_template(plan)
+        if kind == "engine":
+            return units.engine_dropin(plan, str(host), int(cohort))
+        return RENDERERS[kind](plan, str(host))
+    except KeyError as err:
+        raise AnsibleFilterError(f"shadowline.gms.unit_text: no {kind} unit for host {host}: {err}") from err
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Callable[..., Any]]:
+        return {"unit_name": unit_name, "unit_text": unit_text}

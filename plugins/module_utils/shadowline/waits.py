@@ -1,0 +1,56 @@
+"""Bounded polling for readiness: an HTTP status, a number of files, a lock holder. One loop for all."""
+
+from __future__ import annotations
+
+import glob
+import time
+from typing import Callable
+
+from .cohort_state import http_get, lock_holder
+
+
+def poll(check: Callable[[], str | None], timeout_s: float, interval_s: float = 0.1) -> tuple[bool, float, str]:
+    """Call ``check`` until it returns None (ready) or the timeout passes.
+
+    ``check`` returns None when ready, else a short description of what it saw. Returns
+    (ready, seconds waited, last description).
+    """
+    start = time.monotonic()
+    seen = "not checked"
+    while True:
+        result = check()
+        waited = time.monotonic() - start
+        if result is None:
+            return True, waited, "ready"
+        seen = result
+        if waited >= timeout_s:
+            return False, waited, seen
+        time.sleep(interval_s)
+
+
+def http_check(url: str, status: int = 200, timeout_s: float = 1.0) -> Callable[[], str | None]:
+    def check() -> str | None:
+        answer = http_get(url, timeout_s)
+        if answer is None:
+            return f"{url} did not answer"
+        return None if answer[0] == status else f"{url} answered {answer[0]}"
+    return check
+
+
+def files_check(pattern: str, count: int) -> Callable[[], str | None]:
+    def check() -> str | None:
+        found = len(glob.glob(pattern))
+        return None if found >= count else f"{found} of {count} files matching {pattern}"
+    return check
+
+
+def holder_check(lock_path: str, holder: str | None = None) -> Callable[[], str | None]:
+    """Ready when some process holds the lock (and, if given, it is ``holder``, e.g. engine-1)."""
+    def check() -> str | None:
+        current = lock_holder(lock_path)
+        if current is None:
+            return f"nobody holds {lock_path}"
+        if holder is not None and current != holder:
+            return f"{lock_path} is held by {current}, not {holder}"
+        return None
+    return check

@@ -1,0 +1,94 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: shadowline contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: cohort_info
+short_description: Live state of every engine cohort's rank on a node
+version_added: "0.1.0"
+description:
+  - For each cohort of the plan, the rank on this node - its systemd unit, main pid and state - C(parked)
+    (leader in standby, waiting for the failover lock), C(waking), C(active) (serving), C(starting),
+    C(running) (a headless rank whose collective progresses), C(wedged) (alive but its health or heartbeat does
+    not answer) or C(dead) (no process).
+  - On the node that holds the cohorts' leaders, also the live holder of the failover lock.
+  - Read-only; the same code serves the failover agent.
+options:
+  plan:
+    description: The cohort plan (the C(gms_plan) fact set by C(playbooks/preflight.yml)).
+    type: dict
+    required: true
+  host:
+    description: This node's name in the plan (its inventory name).
+    type: str
+    required: true
+  health_timeout_s:
+    description: How long a leader's C(/health) may take before the rank counts as wedged.
+    type: float
+    default: 1.0
+  heartbeat_stall_s:
+    description: How old a stand-in rank's collective heartbeat may be before it counts as wedged.
+    type: float
+    default: 3.0
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+author:
+  - shadowline contributors
+"""
+
+EXAMPLES = r"""
+- name: Read the cohorts' state on every node
+  shadowline.gms.cohort_info:
+    plan: "{{ gms_plan }}"
+    host: "{{ inventory_hostname }}"
+  register: cohorts
+"""
+
+RETURN = r"""
+ranks:
+  description: One entry per cohort rank on this node.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {cohort: 0, role: primary, host: node0, rank: 0, leader: true, pid: 1234, state: active, health: 200,
+       unit: shadowline-demo-engine@0.service, ports: {master: 29500, system: 8080, nixl: 8280}}
+lock_holder:
+  description: C(engine-<id>) of the cohort holding the failover lock on this node, or null.
+  returned: always
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.cohort_state import lock_holder, rank_states
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "plan": {"type": "dict", "required": True},
+            "host": {"type": "str", "required": True},
+            "health_timeout_s": {"type": "float", "default": 1.0},
+            "heartbeat_stall_s": {"type": "float", "default": 3.0},
+        },
+        supports_check_mode=True,
+    )
+    plan = module.params["plan"]
+    host = module.params["host"]
+    if host not in [n["host"] for n in plan["nodes"]] + [n["host"] for n in plan["infra"]["hosts"]]:
+        module.fail_json(msg=f"host: {host} is not a node of deployment {plan['deployment']}. "
+                             "Fix: pass the node's inventory name (inventory_hostname).")
+    ranks = rank_states(plan, host, module.params["health_timeout_s"], module.params["heartbeat_stall_s"])
+    leader = any(r["leader"] for r in ranks)
+    module.exit_json(changed=False, ranks=ranks, lock_holder=lock_holder(plan["lock_path"]) if leader else None)
+
+
+if __name__ == "__main__":
+    main()

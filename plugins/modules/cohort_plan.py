@@ -1,0 +1,52 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: shadowline contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: cohort_plan
+short_description: The cohort plan of a shadowline deployment, from the inventory alone
+version_added: "0.1.0"
+description:
+  - Builds the cohort plan (every cohort's ENGINE_ID, role and ports; every rank's host, headless flag, argv and
+    environment) from the inventory contract of the hosts in the nodes group, and sets it as the fact C(gms_plan).
+  - Contacts no host and checks no host state; use C(playbooks/preflight.yml) before changing hosts. Fails with
+    every problem of the inventory at once.
+  - Runs on the controller.
+options:
+  nodes_group:
+    description: The inventory group of the GPU nodes.
+    type: str
+    default: gms_nodes
+  infra_group:
+    description: The inventory group of the etcd, NATS and frontend hosts.
+    type: str
+    default: gms_infra
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  action:
+    support: full
+  facts:
+    support: full
+author:
+  - shadowline contributors
+"""
+
+EXAMPLES = r"""
+- name: Know the plan without running preflight
+  shadowline.gms.cohort_plan:
+  run_once: true
+"""
+
+RETURN = r"""
+plan:
+  description: The cohort plan.
+  returned: success
+  type: dict
+"""
