@@ -33,24 +33,36 @@ from typing import Any, Iterator, Sequence
 # --- names and places -----------------------------------------------------------------------------------------
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TESTBED_DIR = REPO_ROOT / ".testbed"
-KEY_FILE = TESTBED_DIR / "id_ed25519"
-STATE_JSON = TESTBED_DIR / "state.json"
-INVENTORY = REPO_ROOT / "inventories" / "testbed" / "hosts.yml"
 HOST_INIT = Path(__file__).resolve().parent / "host-init.sh"
 
-# Machine-wide: there is one bridge, so there is one testbed per machine whatever checkout started it.
-STATE_ROOT = Path("/var/lib/shadowline-testbed")
+# Several testbeds can run side by side on one machine (e.g. parallel test jobs): SHADOWLINE_TESTBED=<i>
+# (0..9, default 0) gives each its own bridge, /24, namespaces, cgroups, state and inventory.
+INSTANCE = int(os.environ.get("SHADOWLINE_TESTBED", "0") or 0)
+if not 0 <= INSTANCE <= 9:
+    raise SystemExit(f"SHADOWLINE_TESTBED={INSTANCE}: must be 0..9")
+SUFFIX = f"-{INSTANCE}" if INSTANCE else ""
+
+TESTBED_DIR = REPO_ROOT / f".testbed{SUFFIX}"
+KEY_FILE = TESTBED_DIR / "id_ed25519"
+STATE_JSON = TESTBED_DIR / "state.json"
+# Instance 0 writes the inventory users run (-i inventories/testbed); others write theirs beside their state,
+# with a link to the same group_vars.
+INVENTORY = (REPO_ROOT / "inventories" / "testbed" / "hosts.yml" if not INSTANCE
+             else TESTBED_DIR / "inventory" / "hosts.yml")
+GROUP_VARS = REPO_ROOT / "inventories" / "testbed" / "group_vars"
+
+# Machine-wide, per instance.
+STATE_ROOT = Path(f"/var/lib/shadowline-testbed{SUFFIX}")
 JOURNAL = STATE_ROOT / "journal.json"
-LOCK_FILE = Path("/run/lock/shadowline-testbed.lock")
+LOCK_FILE = Path(f"/run/lock/shadowline-testbed{SUFFIX}.lock")
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
-CGROUP_PARENT = "shadowline-testbed"
+CGROUP_PARENT = f"shadowline-testbed{SUFFIX}"
 NETNS_DIR = Path("/run/netns")
 
-BRIDGE = "slbr0"
-PREFIX = "198.18.0"  # 198.18.0.0/15 is reserved for benchmarks (RFC 2544); the testbed uses 198.18.0.0/24 only
+BRIDGE = f"slbr{INSTANCE}"
+PREFIX = f"198.18.{INSTANCE}"  # 198.18.0.0/15 is reserved for benchmarks (RFC 2544); one /24 per instance
 BRIDGE_ADDRESS = f"{PREFIX}.1"
-NAME_PREFIX = "sl-"  # network namespaces and root-side veths: sl-node0 ...
+NAME_PREFIX = f"sl{INSTANCE if INSTANCE else ''}-"  # network namespaces and root-side veths: sl-node0 ...
 MAX_NODES = 8
 HOST_TMPFS_SIZE = "1g"  # upper-directory ceiling per host; only what is written counts
 SSH_PORT = 22
@@ -546,6 +558,9 @@ def inventory_text(state: State) -> str:
 def write_outputs(state: State) -> None:
     INVENTORY.parent.mkdir(parents=True, exist_ok=True)
     INVENTORY.write_text(inventory_text(state))
+    link = INVENTORY.parent / "group_vars"
+    if INSTANCE and not link.is_symlink():
+        link.symlink_to(GROUP_VARS)
     public = {
         "nodes": state.nodes, "slurm": state.slurm, "boot_seconds": state.boot_seconds,
         "key": str(KEY_FILE), "inventory": str(INVENTORY),
@@ -555,7 +570,7 @@ def write_outputs(state: State) -> None:
 
 
 def remove_outputs() -> None:
-    for path in (INVENTORY, STATE_JSON):
+    for path in (INVENTORY, STATE_JSON) + ((INVENTORY.parent / "group_vars",) if INSTANCE else ()):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
     with contextlib.suppress(OSError):
