@@ -15,6 +15,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     "gms": units.gms_unit,
     "etcd": units.etcd_unit,
     "nats": units.nats_unit,
+    "agent": units.agent_unit,
 }
 
 

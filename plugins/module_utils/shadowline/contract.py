@@ -34,6 +34,7 @@ DEFAULT_PORTS: dict[str, int] = {
     "nats": 4222,
     "nats_monitor": 8222,
     "nats_cluster": 6222,
+    "agent_metrics": 8480,
 }
 DEFAULT_MODEL: dict[str, Any] = {"id": None, "revision": None, "source": None, "local_dir": None, "format": "safetensors"}
 DEFAULT_ENGINE: dict[str, Any] = {
@@ -49,6 +50,16 @@ DEFAULT_MEMORY: dict[str, Any] = {
     "weights_gib": None,  # default: the staged model's manifest when present
     "kv_reserve_gib": 0,
     "engine_overhead_gib": 1.0,
+}
+DEFAULT_FAILOVER: dict[str, Any] = {
+    "health_timeout_s": 2.0,  # a leader whose /health does not answer this long is hung
+    "heartbeat_stall_s": 3.0,  # a rank whose collective makes no progress this long is hung
+    "term_grace_s": 0.0,  # SIGTERM grace before SIGKILL when tearing down a failed generation
+    "agent_lease_ttl_s": 3,  # an agent gone this long counts as a lost node
+    "relaunch_backoff_s": 0.2,  # first delay before relaunching a slot that failed again soon after launch
+    "relaunch_backoff_max_s": 30.0,
+    "max_relaunch_attempts": 5,  # consecutive quick failures before the slot is marked dead
+    "stable_after_s": 30.0,  # a generation that ran this long resets the attempt count
 }
 DEFAULT_COHORTS = 2
 DEFAULT_PYTHON = "/opt/shadowline/{deployment}/venv/bin/python"
@@ -70,6 +81,7 @@ KNOWN_VARIABLES = [
     "gms_node_rank", "gms_node_address", "gms_deployment", "gms_model", "gms_engine", "gms_cohorts", "gms_ports",
     "gms_socket_dir", "gms_lock_path", "gms_python", "gms_service_user", "gms_memory", "gms_frontend_bind",
     "gms_model_allow_unpinned", "gms_model_allow_pickle", "gms_model_verify", "gms_model_hf_token_file",
+    "gms_failover",
 ]
 # Shared variables must be the same on every node of a deployment.
 SHARED_VARIABLES = [v for v in KNOWN_VARIABLES if v not in ("gms_node_rank", "gms_node_address")]
@@ -87,6 +99,7 @@ class Ports:
     nats: int
     nats_monitor: int
     nats_cluster: int
+    agent_metrics: int
 
 
 @dataclass(frozen=True)
@@ -121,6 +134,18 @@ class Memory:
 
 
 @dataclass(frozen=True)
+class Failover:
+    health_timeout_s: float
+    heartbeat_stall_s: float
+    term_grace_s: float
+    agent_lease_ttl_s: int
+    relaunch_backoff_s: float
+    relaunch_backoff_max_s: float
+    max_relaunch_attempts: int
+    stable_after_s: float
+
+
+@dataclass(frozen=True)
 class Node:
     host: str
     rank: int
@@ -142,6 +167,7 @@ class Contract:
     service_user: str
     memory: Memory
     frontend_bind: str
+    failover: Failover
     allow_unpinned: bool = False
     allow_pickle: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -217,6 +243,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
     cohorts = read.integer("gms_cohorts", shared.get("gms_cohorts", DEFAULT_COHORTS), minimum=1, maximum=64, example=2)
     ports = _parse_ports(read, shared.get("gms_ports"))
     memory = _parse_memory(read, shared.get("gms_memory"))
+    failover = _parse_failover(read, shared.get("gms_failover"))
     allow_unpinned = read.boolean("gms_model_allow_unpinned", shared.get("gms_model_allow_unpinned", False))
     allow_pickle = read.boolean("gms_model_allow_pickle", shared.get("gms_model_allow_pickle", False))
     service_user = read.string("gms_service_user", shared.get("gms_service_user", DEFAULT_SERVICE_USER), "shadowline")
@@ -243,12 +270,13 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
 
     if problems:
         return None, problems
-    assert deployment and model and engine and cohorts and ports and memory and nodes and infra
+    assert deployment and model and engine and cohorts and ports and memory and nodes and infra and failover
     assert socket_dir and lock_path and python and service_user is not None
     contract = Contract(
         deployment=deployment, nodes=tuple(nodes), infra_hosts=tuple(infra), model=model, engine=engine,
         cohorts=cohorts, ports=ports, socket_dir=socket_dir, lock_path=lock_path, python=python,
         service_user=service_user, memory=memory, frontend_bind=str(frontend_bind or infra[0].address),
+        failover=failover,
         allow_unpinned=bool(allow_unpinned), allow_pickle=bool(allow_pickle),
     )
     return contract, problems
@@ -444,6 +472,20 @@ def _parse_memory(read: Reader, value: Any) -> Memory | None:
     if kv is None or overhead is None:
         return None
     return Memory(gpu_memory_gib=gpu, weights_gib=weights, kv_reserve_gib=kv, engine_overhead_gib=overhead)
+
+
+def _parse_failover(read: Reader, value: Any) -> Failover | None:
+    values = read.mapping("gms_failover", value, DEFAULT_FAILOVER)
+    parsed: dict[str, Any] = {}
+    for key, default in DEFAULT_FAILOVER.items():
+        name = f"gms_failover.{key}"
+        if isinstance(default, int):
+            parsed[key] = read.integer(name, values[key], minimum=1, maximum=3600, example=default)
+        else:
+            parsed[key] = read.number(name, values[key], minimum=0.0)
+    if any(v is None for v in parsed.values()):
+        return None
+    return Failover(**parsed)
 
 
 def _parse_infra(read: Reader, hostvars: dict[str, dict[str, Any]], nodes: list[Node] | None,

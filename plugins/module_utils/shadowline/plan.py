@@ -13,7 +13,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .contract import CONFIG_DIR, STATE_DIR, Contract, Node, Ports
+from .contract import CONFIG_DIR, STATE_DIR, Contract, Failover, Node, Ports
 from .ports import CohortPorts, cohort_ports
 
 ENGINE_MODULE = {"dynamo_vllm": "dynamo.vllm", "standin": "shadowline.standin.engine"}
@@ -76,6 +76,7 @@ class Plan:
     service_user: str
     gpus_per_node: int
     ports: Ports
+    failover: Failover
     model_id: str
     model_dir: str
     revision: str
@@ -101,7 +102,8 @@ def build_plan(contract: Contract) -> Plan:
         deployment=contract.deployment, backend=contract.engine.backend,
         state_dir=STATE_DIR.format(deployment=contract.deployment),
         config_dir=CONFIG_DIR.format(deployment=contract.deployment), service_user=contract.service_user,
-        gpus_per_node=contract.engine.gpus_per_node, ports=contract.ports, model_id=contract.model.id,
+        gpus_per_node=contract.engine.gpus_per_node, ports=contract.ports,
+        failover=contract.failover, model_id=contract.model.id,
         model_dir=contract.model.local_dir, revision=contract.model.revision, socket_dir=contract.socket_dir,
         lock_path=contract.lock_path, nodes=contract.nodes, infra=infra, gms_servers=gms_servers, cohorts=cohorts,
     )

@@ -45,6 +45,7 @@ def port_uses(ports: Ports, cohorts: int) -> list[PortUse]:
         PortUse(ports.nats, "NATS", "gms_ports.nats", "infra hosts"),
         PortUse(ports.nats_monitor, "NATS monitoring", "gms_ports.nats_monitor", "infra hosts"),
         PortUse(ports.nats_cluster, "NATS cluster routes", "gms_ports.nats_cluster", "infra hosts"),
+        PortUse(ports.agent_metrics, "agent metrics", "gms_ports.agent_metrics", "all nodes"),
     ]
     for cohort in range(cohorts):
         cp = cohort_ports(ports, cohort)

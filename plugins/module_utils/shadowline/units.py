@@ -111,8 +111,7 @@ def engine_template(plan: Plan) -> str:
         "[Unit]",
         f"Description=shadowline {plan['deployment']}: engine cohort %i (one rank of it)",
         f"After=network-online.target {unit_name(plan, 'gms')}",
-        "Wants=network-online.target",
-        f"Requires={unit_name(plan, 'gms')}",
+        f"Wants=network-online.target {unit_name(plan, 'gms')}",
         "",
         "[Service]",
         "Type=exec",
@@ -133,6 +132,18 @@ def engine_dropin(plan: Plan, host: str, cohort: int) -> str:
     env = {**rank["env"], "HOME": f"{plan['state_dir']}/engines/{cohort}"}
     lines = ["[Service]"] + environment_lines(env) + [exec_start(rank["argv"]), ""]
     return "\n".join(lines)
+
+
+def agent_unit(plan: Plan, host: str) -> str:
+    """The node agent: root (it stops and starts the engine units and kills their cgroups), never restarted
+    into a second copy (it holds a lock), its state and event log under the deployment's state directory."""
+    python = plan["gms_servers"][0]["argv"][0]
+    process = {"argv": [python, "-m", "shadowline.agent", "--plan", f"{plan['config_dir']}/plan.json",
+                        "--host", host], "env": {"SHADOWLINE_DEPLOYMENT": plan["deployment"]}}
+    text = _service(plan, f"shadowline {plan['deployment']}: failover agent", process,
+                    [plan["state_dir"], plan["socket_dir"]], user=None, after=[], requires=[],
+                    restart="always")
+    return text.replace("KillMode=control-group", "KillMode=control-group\nRestartPreventExitStatus=3")
 
 
 def _on_host(processes: list[dict[str, Any]], host: str) -> dict[str, Any]:

@@ -1,0 +1,461 @@
+"""shadowline-agent: one per node; detects failures of the cohorts' ranks, tears a failed generation down on
+every node at once, verifies the promotion and relaunches a fresh shadow.
+
+Run as ``python -m shadowline.agent --plan /etc/shadowline/<deployment>/plan.json --host <node>``.
+
+Each agent owns its node's ranks (the engine units ``shadowline-<deployment>-engine@<cohort>``): it watches
+their main processes through pidfds (an exit is known at once), their leaders' /health, and (stand-in) their
+collective heartbeat. Agents agree through the deployment's etcd (coordination.py): a failure is declared with
+one compare-and-swap, every agent kills its ranks of that generation and confirms, and the agent on the
+leader node (the driver, where every cohort's leader and the failover lock live) verifies the promotion and
+relaunches the slot once the old ranks are gone on every node, with growing delays on a crash loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import queue
+import select
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from .agent_metrics import AgentMetrics
+from .cohort_state import http_get, lock_holder
+from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Slot
+from .etcd_client import Etcd, EtcdError
+from .events import EventLog
+from .failover_metrics import engine_failover_view
+from .lock import parse_holder
+from .proc import alive, pidfd_open, systemctl, terminate_cgroup, unit_cgroup
+from .standin.settings import heartbeat_path
+from .units import unit_name
+
+TICK_S = 0.05  # how often the loop looks at the lock and heartbeats when nothing wakes it
+CHECK_S = 0.2  # how often it asks leaders' /health and (driver) re-reads the slots
+SYNC_S = 1.0  # how often it re-reads the slots even without a watch event
+LAUNCH_TIMEOUT_S = 300.0
+
+
+@dataclass
+class LocalRank:
+    cohort: int
+    generation: int
+    unit: str
+    pid: int
+    pidfd: int | None
+    cgroup: str | None
+    leader: bool
+    started: float
+    unhealthy_since: float | None = None
+
+
+class Agent:
+    def __init__(self, plan: dict[str, Any], host: str, etcd: Etcd) -> None:
+        self.plan = plan
+        self.host = host
+        self.failover = plan["failover"]
+        self.coord = Coordination(etcd, plan["deployment"])
+        self.etcd = etcd
+        self.node_rank = next(n["rank"] for n in plan["nodes"] if n["host"] == host)
+        self.address = next(n["address"] for n in plan["nodes"] if n["host"] == host)
+        self.is_driver = self.node_rank == 0
+        self.events = EventLog(f"{plan['state_dir']}/events.jsonl", host)
+        self.metrics = AgentMetrics(plan["deployment"], host)
+        self.ranks: dict[int, LocalRank] = {}
+        self.confirmed: set[tuple[int, int]] = set()  # (cohort, generation) whose gone-ness this agent recorded
+        self.detected_at: dict[tuple[int, int], float] = {}  # (cohort, generation) -> when its failure was declared
+        self.launched_at: dict[tuple[int, int], float] = {}  # (cohort, generation) -> when the driver saw it launch
+        self.holder: str | None = None  # the live lock holder, engine-<id>
+        self.last_holder: str | None = None  # the holder before it, for promotion timing
+        self.lease = 0
+        self.revision = 0  # the etcd revision the watch continues from
+        self.next_keepalive = 0.0
+        self.next_sync = 0.0
+        self.next_check = 0.0
+        self.stopping = False
+        self.wake_r, self.wake_w = os.pipe()
+        self.changes: queue.Queue[int] = queue.Queue()
+
+    # --- the loop ------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.register()
+        self.adopt()
+        threading.Thread(target=self.watch_loop, name="etcd-watch", daemon=True).start()
+        self.events.write("agent-started", pid=os.getpid(), driver=self.is_driver,
+                          adopted={c: r.pid for c, r in self.ranks.items()})
+        while not self.stopping:
+            exited = self.wait_for_wakeup(TICK_S)
+            now = time.time()
+            for cohort in exited:
+                self.on_rank_exit(cohort, now)
+            changed = self.drain_changes()
+            if changed or now >= self.next_sync:
+                self.next_sync = now + SYNC_S
+                self.reconcile(now)
+            if changed or now >= self.next_check:
+                self.next_check = now + CHECK_S
+                self.check_health(now)
+                if self.is_driver:
+                    self.drive(now)
+            elif self.is_driver:
+                self.verify_promotion(now)
+            self.keepalive(now)
+        self.events.write("agent-stopped")
+
+    def wait_for_wakeup(self, timeout: float) -> list[int]:
+        """Block until a rank exits, etcd changes, or the tick passes; returns cohorts whose rank exited."""
+        fds = {r.pidfd: c for c, r in self.ranks.items() if r.pidfd is not None}
+        readable, _, _ = select.select(list(fds) + [self.wake_r], [], [], timeout)
+        if self.wake_r in readable:
+            os.read(self.wake_r, 4096)
+        return [fds[fd] for fd in readable if fd in fds]
+
+    # --- membership ------------------------------------------------------------------------------------------
+    def register(self) -> None:
+        self.lease = self.etcd.lease_grant(int(self.failover["agent_lease_ttl_s"]))
+        self.revision = self.etcd.put(self.coord.keys.agent(self.host),
+                                      json.dumps({"pid": os.getpid(), "since": time.time()}), lease=self.lease)
+
+    def keepalive(self, now: float) -> None:
+        if now < self.next_keepalive:
+            return
+        self.next_keepalive = now + max(0.2, self.failover["agent_lease_ttl_s"] / 3)
+        try:
+            if self.etcd.lease_keepalive(self.lease) <= 0:
+                self.events.write("agent-lease-expired")
+                self.register()
+        except EtcdError as err:
+            self.events.write("etcd-unreachable", error=str(err))
+
+    def watch_loop(self) -> None:
+        """Wake the main loop whenever anything of the deployment changes in etcd."""
+        revision = self.revision
+        while not self.stopping:
+            try:
+                events = self.etcd.watch(self.coord.keys.root, revision, timeout=1.0)
+            except EtcdError:
+                time.sleep(0.2)
+                continue
+            if events:
+                revision = max(e.mod_revision for e in events)
+                self.changes.put(revision)
+                os.write(self.wake_w, b"w")
+
+    def drain_changes(self) -> bool:
+        changed = False
+        while not self.changes.empty():
+            self.changes.get_nowait()
+            changed = True
+        return changed
+
+    # --- local ranks -------------------------------------------------------------------------------------------
+    def adopt(self) -> None:
+        """Take over ranks that already run (after an agent restart, or started by the engine role)."""
+        slots = self.coord.slots()
+        for cohort in self.plan["cohorts"]:
+            c = cohort["cohort"]
+            slot = slots.get(c, (None, 0))[0]
+            generation = slot.generation if slot else 1
+            rank = self.track(c, generation)
+            if rank is None:
+                continue
+            if self.is_driver and slot is None:
+                self.coord.create_slot(Slot(cohort=c, generation=generation, state=RUNNING))
+        if self.is_driver:
+            for cohort in self.plan["cohorts"]:  # slots whose ranks do not run: launch them
+                c = cohort["cohort"]
+                if c not in self.ranks and c not in slots:
+                    self.coord.create_slot(Slot(cohort=c, generation=1, state=LAUNCHING, reason="not running"))
+
+    def track(self, cohort: int, generation: int) -> LocalRank | None:
+        unit = unit_name(self.plan, "engine", cohort)
+        show = systemctl("show", unit, "--property=MainPID,ActiveState").stdout
+        props = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
+        pid = int(props.get("MainPID", "0") or 0)
+        if props.get("ActiveState") != "active" or not pid:
+            self.ranks.pop(cohort, None)
+            return None
+        leader = self.node_rank == 0
+        rank = LocalRank(cohort=cohort, generation=generation, unit=unit, pid=pid, pidfd=pidfd_open(pid),
+                         cgroup=unit_cgroup(unit), leader=leader, started=time.time())
+        self.ranks[cohort] = rank
+        return rank
+
+    def on_rank_exit(self, cohort: int, now: float) -> None:
+        rank = self.ranks.pop(cohort)
+        if rank.pidfd is not None:
+            os.close(rank.pidfd)
+            rank.pidfd = None
+        self.events.write("rank-exited", cohort, rank.generation, pid=rank.pid)
+        self.declare(rank.cohort, rank.generation, "rank-exited", now)
+        self.tear_down(rank, now)
+
+    def declare(self, cohort: int, generation: int, reason: str, now: float) -> None:
+        try:
+            slot = self.coord.declare_failed(cohort, generation, reason, self.host)
+        except EtcdError as err:
+            self.events.write("declare-failed-error", cohort, generation, error=str(err))
+            return
+        if slot is not None:
+            self.detected_at[(cohort, generation)] = now
+            self.metrics.count("detections_total", reason)
+            self.events.write("failure-declared", cohort, generation, reason=reason)
+
+    def tear_down(self, rank: LocalRank, now: float) -> None:
+        """Kill every process of the rank (its unit's cgroup), confirm, and record it in etcd."""
+        grace = float(self.failover["term_grace_s"])
+        gone = terminate_cgroup(rank.cgroup, grace) if rank.cgroup else not alive(rank.pid)
+        done = time.time()
+        if rank.pidfd is not None:
+            os.close(rank.pidfd)
+            rank.pidfd = None
+        self.ranks.pop(rank.cohort, None)
+        if gone:
+            self.confirm(rank.cohort, rank.generation, done)
+        systemctl("stop", "--no-block", rank.unit)  # settle the unit; its processes are already gone
+        self.metrics.count("teardowns_total")
+        self.events.write("ranks-gone" if gone else "ranks-not-gone", rank.cohort, rank.generation,
+                          seconds=round(done - now, 4))
+
+    def confirm(self, cohort: int, generation: int, when: float) -> None:
+        if (cohort, generation) in self.confirmed:
+            return
+        try:
+            self.coord.confirm_gone(cohort, generation, self.host, when)
+            self.confirmed.add((cohort, generation))
+        except EtcdError as err:
+            self.events.write("confirm-error", cohort, generation, error=str(err))
+
+    def launch(self, cohort: int, generation: int) -> None:
+        unit = unit_name(self.plan, "engine", cohort)
+        result = systemctl("start", unit)
+        rank = self.track(cohort, generation)
+        if rank is None:
+            self.events.write("launch-failed", cohort, generation, error=result.stderr.strip()[-300:])
+            self.declare(cohort, generation, "launch-failed", time.time())
+            return
+        self.metrics.count("relaunches_total")
+        detected = self.detected_at.get((cohort, generation - 1))
+        if detected:
+            self.metrics.observe("relaunch_seconds", time.time() - detected)
+        self.events.write("rank-launched", cohort, generation, pid=rank.pid)
+
+    # --- what the slots say ------------------------------------------------------------------------------------
+    def reconcile(self, now: float) -> None:
+        """Make this node's ranks match the slot records."""
+        try:
+            slots = self.coord.slots()
+        except EtcdError:
+            return
+        for cohort, (slot, _revision) in slots.items():
+            rank = self.ranks.get(cohort)
+            if slot.state in (FAILED, DEAD):
+                if rank is not None and rank.generation <= slot.generation:
+                    self.events.write("teardown-requested", cohort, slot.generation, reason=slot.reason,
+                                      by=slot.detected_by)
+                    self.detected_at.setdefault((cohort, slot.generation), slot.since)
+                    self.tear_down(rank, slot.since)
+                elif slot.state == FAILED:
+                    self.confirm(cohort, slot.generation, now)
+            elif slot.state in (LAUNCHING, RUNNING):
+                if rank is not None and rank.generation < slot.generation:
+                    self.tear_down(rank, now)  # a leftover of an older generation
+                    rank = None
+                if rank is None and now >= slot.not_before:
+                    self.detected_at.setdefault((cohort, slot.generation - 1), slot.since)
+                    self.launch(cohort, slot.generation)
+                elif rank is None:
+                    self.next_sync = min(self.next_sync, slot.not_before)  # wake for the delayed launch
+
+    # --- health -----------------------------------------------------------------------------------------------
+    def check_health(self, now: float) -> None:
+        """Hung leaders (no /health answer) and stalled collectives (no heartbeat progress)."""
+        for rank in list(self.ranks.values()):
+            if now - rank.started < self.failover["heartbeat_stall_s"] * 2:
+                continue  # still starting: rendezvous and weight loading
+            reason = self.hang_reason(rank, now)
+            if reason:
+                self.declare(rank.cohort, rank.generation, reason, now)
+
+    def hang_reason(self, rank: LocalRank, now: float) -> str | None:
+        stall = self.failover["heartbeat_stall_s"]
+        if self.plan["backend"] == "standin":
+            path = heartbeat_path(str(rank.cohort), self.node_rank, os.path.dirname(self.plan["lock_path"]))
+            try:
+                if now - os.stat(path).st_mtime > stall:
+                    return "collective-stalled"
+            except FileNotFoundError:
+                pass
+        if not rank.leader:
+            return None
+        env = self.plan["cohorts"][rank.cohort]["ranks"][0]["process"]["env"]
+        timeout = float(self.failover["health_timeout_s"])
+        answer = http_get(f"http://{env['DYN_SYSTEM_HOST']}:{env['DYN_SYSTEM_PORT']}/health", min(timeout, 0.5))
+        if answer is not None and answer[0] == 200:
+            rank.unhealthy_since = None
+            return None
+        rank.unhealthy_since = rank.unhealthy_since or now
+        return "leader-hung" if now - rank.unhealthy_since >= timeout else None
+
+    # --- the driver (leader node): promotion and relaunch --------------------------------------------------------
+    def drive(self, now: float) -> None:
+        self.verify_promotion(now)
+        try:
+            slots = self.coord.slots()
+        except EtcdError:
+            return
+        for cohort, (slot, revision) in slots.items():
+            if slot.state == FAILED:
+                self.relaunch_when_gone(slot, revision, now)
+            elif slot.state == LAUNCHING and now >= slot.not_before:
+                self.mark_running_when_parked(slot, revision, now)
+            elif slot.state == RUNNING and slot.attempts and now - slot.since > self.failover["stable_after_s"]:
+                slot.attempts = 0
+                self.coord.swap(slot, revision)
+
+    def relaunch_when_gone(self, slot: Slot, revision: int, now: float) -> None:
+        nodes = {n["host"] for n in self.plan["nodes"]}
+        gone = self.coord.gone_hosts(slot.cohort, slot.generation)
+        if not nodes <= set(gone):
+            return
+        detected = self.detected_at.get((slot.cohort, slot.generation), slot.since)
+        teardown_s = max(gone.values()) - detected
+        self.metrics.observe("teardown_seconds", teardown_s)
+        self.events.write("generation-gone", slot.cohort, slot.generation, teardown_s=round(teardown_s, 4),
+                          per_node={h: round(t - detected, 4) for h, t in gone.items()})
+        attempts = slot.attempts + 1 if self.ran_briefly(slot) else 0
+        if attempts > int(self.failover["max_relaunch_attempts"]):
+            dead = Slot(cohort=slot.cohort, generation=slot.generation, state=DEAD, reason="crash-loop",
+                        attempts=attempts)
+            if self.coord.swap(dead, revision):
+                self.metrics.count("slots_dead_total")
+                self.events.write("slot-dead", slot.cohort, slot.generation, attempts=attempts,
+                                  detail="crash loop: relaunches stopped; fix the cause, then run playbooks/failover.yml")
+            return
+        delay = 0.0 if attempts == 0 else min(self.failover["relaunch_backoff_s"] * 2 ** (attempts - 1),
+                                              self.failover["relaunch_backoff_max_s"])
+        launching = Slot(cohort=slot.cohort, generation=slot.generation + 1, state=LAUNCHING,
+                         reason=f"relaunch after {slot.reason}", attempts=attempts, not_before=now + delay)
+        if self.coord.swap(launching, revision):
+            self.detected_at[(slot.cohort, slot.generation)] = detected
+            self.events.write("relaunch-scheduled", slot.cohort, slot.generation + 1, delay_s=round(delay, 3),
+                              attempts=attempts)
+
+    def ran_briefly(self, slot: Slot) -> bool:
+        """Did the failed generation fail soon after its launch (a crash loop in the making)?"""
+        launched = self.launched_at.get((slot.cohort, slot.generation))
+        return launched is not None and slot.since - launched < self.failover["stable_after_s"]
+
+    def mark_running_when_parked(self, slot: Slot, revision: int, now: float) -> None:
+        self.launched_at.setdefault((slot.cohort, slot.generation), now)
+        rank = self.ranks.get(slot.cohort)
+        if rank is None or rank.generation != slot.generation:
+            return
+        env = self.plan["cohorts"][slot.cohort]["ranks"][0]["process"]["env"]
+        answer = http_get(f"http://{env['DYN_SYSTEM_HOST']}:{env['DYN_SYSTEM_PORT']}/health", 0.5)
+        if answer is not None and answer[0] == 200:
+            running = Slot(cohort=slot.cohort, generation=slot.generation, state=RUNNING, reason="parked",
+                           attempts=slot.attempts)
+            if self.coord.swap(running, revision):
+                detected = self.detected_at.get((slot.cohort, slot.generation - 1))
+                self.events.write("relaunch-complete", slot.cohort, slot.generation,
+                                  relaunch_s=round(now - detected, 4) if detected else None)
+        elif now - self.launched_at[(slot.cohort, slot.generation)] > LAUNCH_TIMEOUT_S:
+            self.declare(slot.cohort, slot.generation, "launch-timeout", now)
+
+    def verify_promotion(self, now: float) -> None:
+        holder = lock_holder(self.plan["lock_path"])
+        if holder == self.holder:
+            return
+        if self.holder is not None:
+            self.last_holder = self.holder
+        self.holder = holder
+        if holder is None:
+            self.events.write("lock-free", previous=self.last_holder)
+            return
+        previous = self.last_holder
+        cohort = parse_holder(holder)
+        if cohort is None or cohort >= len(self.plan["cohorts"]):
+            self.events.write("lock-unknown-holder", holder=holder)
+            return
+        generation = self.ranks[cohort].generation if cohort in self.ranks else 0
+        env = self.plan["cohorts"][cohort]["ranks"][0]["process"]["env"]
+        metrics = http_get(f"http://{env['DYN_SYSTEM_HOST']}:{env['DYN_SYSTEM_PORT']}/metrics", 0.5)
+        view = engine_failover_view(metrics[1]).get(str(cohort)) if metrics else None
+        failed = [t for (c, _g), t in self.detected_at.items() if previous and c == parse_holder(previous)]
+        promote_s = now - max(failed) if failed else None
+        self.coord.record_active(cohort, generation)
+        self.metrics.count("promotions_total")
+        if promote_s is not None:
+            self.metrics.observe("promotion_seconds", promote_s)
+        self.events.write("promoted", cohort, generation, previous=previous,
+                          state=view.state if view else None,
+                          promote_s=round(promote_s, 4) if promote_s is not None else None)
+
+
+# --- the metrics endpoint and the command line -----------------------------------------------------------------
+def serve_metrics(agent: Agent, address: str, port: int) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server API)
+            if self.path not in ("/metrics", "/health"):
+                self.send_error(404)
+                return
+            body = (agent.metrics.render() if self.path == "/metrics" else "ok\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((address, port), Handler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
+
+
+def single_instance(path: str) -> int:
+    """Hold an exclusive lock for the agent's lifetime: two agents on one node cannot both act."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"shadowline-agent: another agent holds {path}; refusing to run a second one", file=sys.stderr)
+        raise SystemExit(3) from None
+    return fd
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shadowline-agent", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--plan", required=True, help="the cohort plan (JSON), as the agent role writes it")
+    parser.add_argument("--host", required=True, help="this node's name in the plan")
+    args = parser.parse_args(argv)
+    with open(args.plan, encoding="utf-8") as handle:
+        plan = json.load(handle)
+    if args.host not in [n["host"] for n in plan["nodes"]]:
+        parser.error(f"--host {args.host} is not a node of deployment {plan['deployment']}")
+    _lock = single_instance(f"{plan['state_dir']}/agent-{args.host}.lock")
+    agent = Agent(plan, args.host, Etcd(plan["infra"]["etcd_endpoints"]))
+
+    def stop(_signum: int, _frame: Any) -> None:
+        agent.stopping = True
+        os.write(agent.wake_w, b"s")
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    serve_metrics(agent, agent.address, int(plan["ports"]["agent_metrics"]))
+    agent.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

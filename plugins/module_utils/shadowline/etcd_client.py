@@ -1,0 +1,307 @@
+"""A small etcd v3 client over the JSON gateway (etcd 3.4: ``/v3/kv/*``, ``/v3/lease/*``, ``/v3/watch``).
+
+Stdlib only (urllib), so it runs on nodes from the runtime and inside Ansible modules. Keys and values
+travel base64-encoded and 64-bit numbers as strings, as the gateway wants; this module hides both.
+
+    etcd = Etcd("http://10.0.0.1:2379,http://10.0.0.2:2379")
+    lease = etcd.lease_grant(5)
+    etcd.put("v1/agent/node0", "alive", lease=lease)
+    for kv in etcd.get_prefix("v1/instances/"):
+        print(kv.key, kv.lease)
+
+Endpoints are tried in turn: one that refuses the connection or times out is skipped (and the last one
+that answered is tried first next time). An error of etcd itself (a bad request, an unknown lease that the
+call does not expect) is not retried elsewhere. Every failure raises ``EtcdError`` naming the endpoint(s).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+NOT_FOUND = 5  # gRPC status code etcd returns for an unknown lease
+
+
+class EtcdError(Exception):
+    """etcd could not be reached, or answered with an error; the message names the endpoint."""
+
+    def __init__(self, message: str, endpoint: str | None = None, code: int | None = None) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        self.code = code  # the gRPC status code when etcd answered with an error
+
+
+@dataclass(frozen=True)
+class KV:
+    key: str
+    value: bytes
+    mod_revision: int
+    create_revision: int
+    lease: int
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # "put" or "delete"
+    key: str
+    value: bytes  # empty for a delete
+    mod_revision: int
+
+
+def _b64(data: str | bytes) -> str:
+    raw = data.encode() if isinstance(data, str) else data
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+def prefix_end(prefix: str | bytes) -> bytes:
+    """The range end that selects every key starting with ``prefix`` (etcd's convention)."""
+    raw = bytearray(prefix.encode() if isinstance(prefix, str) else prefix)
+    while raw:
+        if raw[-1] < 0xFF:
+            raw[-1] += 1
+            return bytes(raw)
+        raw.pop()
+    return b"\0"  # every key
+
+
+def _range(prefix: str) -> dict[str, str]:
+    """key/range_end selecting ``prefix`` and everything under it ("" selects every key)."""
+    return {"key": _b64(prefix or b"\0"), "range_end": _b64(prefix_end(prefix))}
+
+
+def _kv(data: dict[str, Any]) -> KV:
+    return KV(key=_unb64(data.get("key")).decode("utf-8", "replace"), value=_unb64(data.get("value")),
+              mod_revision=int(data.get("mod_revision", 0)), create_revision=int(data.get("create_revision", 0)),
+              lease=int(data.get("lease", 0)))
+
+
+def _normalise(endpoint: str) -> str:
+    endpoint = endpoint.strip().rstrip("/")
+    return endpoint if "://" in endpoint else f"http://{endpoint}"
+
+
+class Etcd:
+    def __init__(self, endpoints: list[str] | str, timeout: float = 2.0) -> None:
+        items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
+        self.endpoints = [_normalise(e) for e in items if e and e.strip()]
+        if not self.endpoints:
+            raise EtcdError("no etcd endpoint given (expected e.g. http://10.0.0.1:2379)")
+        self.timeout = timeout
+        self._preferred = 0
+
+    def __repr__(self) -> str:
+        return f"Etcd({','.join(self.endpoints)!r})"
+
+    # -- transport ------------------------------------------------------------------------------------ #
+
+    def _order(self) -> list[int]:
+        n = len(self.endpoints)
+        return [(self._preferred + i) % n for i in range(n)]
+
+    def _call(self, path: str, body: dict[str, Any], allow_not_found: bool = False) -> dict[str, Any]:
+        """POST one request; the next endpoint on connection failures, EtcdError when none answers."""
+        data = json.dumps(body).encode()
+        failures = []
+        for index in self._order():
+            endpoint = self.endpoints[index]
+            request = urllib.request.Request(endpoint + path, data=data, method="POST",
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
+                    payload = response.read()
+            except urllib.error.HTTPError as err:
+                error = _error_body(err)
+                code = error.get("code")
+                if allow_not_found and code == NOT_FOUND:
+                    self._preferred = index
+                    return {"_not_found": True}
+                message = f"{endpoint}: {error.get('message') or err.reason} (HTTP {err.code})"
+                if err.code >= 500:  # e.g. a member without a leader: another member may answer
+                    failures.append(message)
+                    continue
+                raise EtcdError(f"etcd at {endpoint} refused {path}: {error.get('message') or err.reason} "
+                                f"(HTTP {err.code})", endpoint, code) from None
+            except (urllib.error.URLError, OSError, TimeoutError) as err:
+                reason = getattr(err, "reason", err)
+                failures.append(f"{endpoint}: {reason}")
+                continue
+            self._preferred = index
+            try:
+                return json.loads(payload or b"{}")
+            except ValueError:
+                raise EtcdError(f"etcd at {endpoint} answered {path} with something that is not JSON: "
+                                f"{payload[:200]!r}", endpoint) from None
+        raise EtcdError(f"no etcd endpoint answered {path} (timeout {self.timeout:g} s): " + "; ".join(failures),
+                        ",".join(self.endpoints))
+
+    # -- keys ----------------------------------------------------------------------------------------- #
+
+    def get(self, key: str) -> KV | None:
+        kvs = self._call("/v3/kv/range", {"key": _b64(key)}).get("kvs", [])
+        return _kv(kvs[0]) if kvs else None
+
+    def get_prefix(self, prefix: str) -> list[KV]:
+        body = {**_range(prefix), "sort_target": "KEY", "sort_order": "ASCEND"}
+        return [_kv(item) for item in self._call("/v3/kv/range", body).get("kvs", [])]
+
+    def put(self, key: str, value: str | bytes, lease: int = 0) -> int:
+        """Write ``key``; returns the store's revision after the write."""
+        body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            body["lease"] = str(lease)
+        return _revision(self._call("/v3/kv/put", body))
+
+    def delete(self, key: str) -> int:
+        """Delete one key; returns how many keys were deleted (0 or 1)."""
+        return int(self._call("/v3/kv/deleterange", {"key": _b64(key)}).get("deleted", 0))
+
+    def delete_prefix(self, prefix: str) -> int:
+        body = _range(prefix)
+        return int(self._call("/v3/kv/deleterange", body).get("deleted", 0))
+
+    # -- transactions ----------------------------------------------------------------------------------- #
+
+    def txn_put_if_absent(self, key: str, value: str | bytes, lease: int = 0) -> bool:
+        """Create ``key`` only if it does not exist; True if this call created it."""
+        compare = {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+        return self._txn(compare, key, value, lease)
+
+    def txn_compare_and_swap(self, key: str, expected_mod_revision: int, value: str | bytes, lease: int = 0) -> bool:
+        """Write ``key`` only if its mod_revision is still ``expected_mod_revision`` (0: it must not exist)."""
+        if expected_mod_revision == 0:
+            return self.txn_put_if_absent(key, value, lease)
+        compare = {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(expected_mod_revision)}
+        return self._txn(compare, key, value, lease)
+
+    def _txn(self, compare: dict[str, Any], key: str, value: str | bytes, lease: int) -> bool:
+        put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            put["lease"] = str(lease)
+        answer = self._call("/v3/kv/txn", {"compare": [compare], "success": [{"request_put": put}], "failure": []})
+        return bool(answer.get("succeeded", False))
+
+    # -- leases --------------------------------------------------------------------------------------- #
+
+    def lease_grant(self, ttl: int) -> int:
+        answer = self._call("/v3/lease/grant", {"TTL": str(int(ttl)), "ID": "0"})
+        if answer.get("error"):
+            raise EtcdError(f"etcd refused a lease of {ttl} s: {answer['error']}")
+        return int(answer["ID"])
+
+    def lease_revoke(self, lease: int) -> bool:
+        """Revoke a lease and delete every key attached to it; False if etcd does not know the lease."""
+        answer = self._call("/v3/lease/revoke", {"ID": str(lease)}, allow_not_found=True)
+        return not answer.get("_not_found", False)
+
+    def lease_keepalive(self, lease: int) -> int:
+        """Renew a lease once; returns its TTL after renewal, 0 if it has expired or is unknown."""
+        answer = self._call("/v3/lease/keepalive", {"ID": str(lease)}, allow_not_found=True)
+        result = answer.get("result", {})
+        return max(0, int(result.get("TTL", 0)))
+
+    def lease_ttl(self, lease: int) -> int:
+        """Seconds the lease has left; -1 if it has expired or is unknown."""
+        answer = self._call("/v3/lease/timetolive", {"ID": str(lease)}, allow_not_found=True)
+        if answer.get("_not_found"):
+            return -1
+        return int(answer.get("TTL", -1))
+
+    # -- watch ---------------------------------------------------------------------------------------- #
+
+    def watch(self, prefix: str, start_revision: int, timeout: float) -> list[Event]:
+        """Events under ``prefix`` after ``start_revision``: returns as soon as some arrive, or [] after ``timeout``.
+
+        Pass the revision of the last event (or of a get) you saw; events already in the store's history
+        are returned at once. A revision that etcd compacted away raises EtcdError.
+        """
+        body = json.dumps({"create_request": {**_range(prefix),
+                                              "start_revision": str(start_revision + 1)}}).encode()
+        deadline = time.monotonic() + timeout
+        failures = []
+        for index in self._order():
+            endpoint = self.endpoints[index]
+            request = urllib.request.Request(endpoint + "/v3/watch", data=body, method="POST",
+                                             headers={"Content-Type": "application/json"})
+            try:
+                response = urllib.request.urlopen(request, timeout=min(self.timeout, max(0.05, timeout)))  # noqa: S310
+            except urllib.error.HTTPError as err:
+                raise EtcdError(f"etcd at {endpoint} refused a watch of {prefix!r}: "
+                                f"{_error_body(err).get('message') or err.reason}", endpoint) from None
+            except (urllib.error.URLError, OSError, TimeoutError) as err:
+                failures.append(f"{endpoint}: {getattr(err, 'reason', err)}")
+                continue
+            self._preferred = index
+            with response:
+                return _read_events(response, endpoint, prefix, deadline)
+        raise EtcdError("no etcd endpoint answered a watch: " + "; ".join(failures))
+
+
+def _read_events(response: Any, endpoint: str, prefix: str, deadline: float) -> list[Event]:
+    """Read the gateway's newline-delimited stream until events arrive or the deadline passes."""
+    sock = _socket_of(response)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return []
+        if sock is not None:
+            sock.settimeout(remaining)
+        try:
+            line = response.readline()
+        except (TimeoutError, socket.timeout):
+            return []
+        except OSError as err:
+            raise EtcdError(f"watch of {prefix!r} on {endpoint} broke: {err}", endpoint) from None
+        if not line:
+            raise EtcdError(f"etcd at {endpoint} closed the watch of {prefix!r}", endpoint)
+        if not line.strip():
+            continue
+        message = json.loads(line)
+        if "error" in message:
+            error = message["error"]
+            raise EtcdError(f"etcd at {endpoint} ended the watch of {prefix!r}: {error.get('message', error)}",
+                            endpoint)
+        result = message.get("result", {})
+        if result.get("canceled"):
+            compacted = result.get("compact_revision")
+            why = f"revision {compacted} and earlier were compacted" if compacted else result.get("cancel_reason", "")
+            raise EtcdError(f"etcd at {endpoint} cancelled the watch of {prefix!r}: {why}", endpoint)
+        events = [_event(e) for e in result.get("events", [])]
+        if events:
+            return events
+
+
+def _event(data: dict[str, Any]) -> Event:
+    kv = data.get("kv", {})
+    return Event(type="delete" if data.get("type") == "DELETE" else "put",
+                 key=_unb64(kv.get("key")).decode("utf-8", "replace"), value=_unb64(kv.get("value")),
+                 mod_revision=int(kv.get("mod_revision", 0)))
+
+
+def _socket_of(response: Any) -> socket.socket | None:
+    """The socket under an urllib response, to give each read of a stream its own timeout."""
+    try:
+        return response.fp.raw._sock  # http.client.HTTPResponse -> SocketIO -> socket
+    except AttributeError:
+        return None
+
+
+def _revision(answer: dict[str, Any]) -> int:
+    return int(answer.get("header", {}).get("revision", 0))
+
+
+def _error_body(err: urllib.error.HTTPError) -> dict[str, Any]:
+    try:
+        data = json.loads(err.read() or b"{}")
+        return data if isinstance(data, dict) else {}
+    except (ValueError, OSError):
+        return {}

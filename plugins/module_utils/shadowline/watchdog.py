@@ -1,0 +1,303 @@
+"""Run one engine rank as a child and turn a hang into an exit: ``python -m shadowline.watchdog [options] -- ARGV``.
+
+A dead rank ends its Slurm step by itself (``srun --kill-on-bad-exit=1``); a hung one would not: vLLM's
+``/health`` can stay 200 while a rank is stuck, and headless ranks wait forever in a collective. The watchdog
+watches what a hang stops:
+
+- a leader rank (no ``--headless``) with ``DYN_SYSTEM_PORT`` set: its ``/health`` on
+  ``DYN_SYSTEM_HOST:DYN_SYSTEM_PORT``. Armed once it first answered 200; a hang is no 200 for
+  ``--health-timeout`` seconds (no answer at all, as from a frozen process, counts);
+- a stand-in rank (``shadowline.standin.engine``): its collective heartbeat file
+  (``standin.settings.heartbeat_path``), rewritten at every collective step. Armed once it first appeared; a
+  hang is the content not changing for ``--heartbeat-stall`` seconds.
+
+On a hang it revokes the leader's discovery registration (the frontend stops routing to it within
+milliseconds; see discovery.py), kills the child's whole process group with SIGKILL and exits 124, so Slurm
+tears down the rest of the step. Otherwise it exits with the child's status (128+N for a signal). SIGTERM and
+SIGINT are forwarded to the child; a child that is frozen (stopped) when asked to stop, or still runs
+``--term-grace`` seconds later, is handled as a hang (it would otherwise hold the failover lock until Slurm's
+KillWait runs out).
+
+Every decision is logged on stderr, and each event also as one line ``SHADOWLINE_EVENT {json}`` (time, node,
+cohort, rank, event, detail) that the Slurm supervisor copies into the job's event log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from . import discovery
+from .etcd_client import Etcd, EtcdError
+from .standin import settings as standin_settings
+
+HANG_EXIT = 124
+EVENT_PREFIX = "SHADOWLINE_EVENT "
+
+
+def log(message: str) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+    print(f"{stamp} shadowline.watchdog[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
+
+
+def emit(event: str, **detail: object) -> None:
+    """One machine-readable event line (the supervisor parses these from the step's output)."""
+    record = {"time": round(time.time(), 3), "node": socket.gethostname(),
+              "cohort": _int_env("SHADOWLINE_COHORT"), "rank": _int_env("SHADOWLINE_NODE_RANK"),
+              "step": _step_id(), "event": event, "detail": detail}
+    print(EVENT_PREFIX + json.dumps(record, sort_keys=True), file=sys.stderr, flush=True)
+
+
+def _int_env(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def _step_id() -> str | None:
+    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+    return f"{job}.{step}" if job and step else None
+
+
+# -- what to watch ----------------------------------------------------------------------------------------- #
+
+def _flag(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+@dataclass
+class Target:
+    leader: bool
+    standin: bool
+    node_rank: int
+    engine_id: str
+    health_url: str | None
+    heartbeat_file: str | None
+    address: str | None  # the leader's address, to find its registration
+    system_port: int | None
+    model: str | None  # the served model name
+
+    @classmethod
+    def of(cls, argv: list[str]) -> Target:
+        leader = "--headless" not in argv
+        standin = any(a.endswith("shadowline.standin.engine") for a in argv)
+        node_rank = int(_flag(argv, "--node-rank") or 0)
+        engine_id = os.environ.get("ENGINE_ID", "0")
+        host = os.environ.get("DYN_SYSTEM_HOST", "").strip() or "127.0.0.1"
+        port = os.environ.get("DYN_SYSTEM_PORT", "").strip()
+        health = f"http://{host}:{port}/health" if leader and port.isdigit() else None
+        heartbeat = standin_settings.heartbeat_path(engine_id, node_rank) if standin else None
+        address = host if leader else _flag(argv, "--master-addr")
+        return cls(leader, standin, node_rank, engine_id, health, heartbeat, address,
+                   int(port) if port.isdigit() else None, _flag(argv, "--served-model-name"))
+
+
+class HealthProbe:
+    """No 200 from /health for ``timeout`` seconds, after a first 200."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self.url, self.timeout = url, timeout
+        self.last_ok: float | None = None
+
+    def check(self, now: float) -> str | None:
+        if self._ok():
+            if self.last_ok is None:
+                log(f"{self.url} passed: watching it (hang = no 200 for {self.timeout:g} s)")
+            self.last_ok = now
+            return None
+        if self.last_ok is not None and now - self.last_ok > self.timeout:
+            return f"{self.url} gave no 200 for {now - self.last_ok:.1f} s"
+        return None
+
+    def _ok(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url, timeout=min(0.5, self.timeout / 2)) as response:  # noqa: S310
+                return response.status == 200
+        except (urllib.error.URLError, OSError, TimeoutError):
+            return False
+
+
+class HeartbeatProbe:
+    """The heartbeat file's content unchanged for ``stall`` seconds, after it first appeared."""
+
+    def __init__(self, path: str, stall: float) -> None:
+        self.path, self.stall = path, stall
+        self.content: str | None = None
+        self.changed: float | None = None
+
+    def check(self, now: float) -> str | None:
+        try:
+            with open(self.path, encoding="ascii") as f:
+                content = f.read()
+        except OSError:
+            return None  # not there yet, or removed by a rank that is exiting
+        if content != self.content:
+            if self.content is None:
+                log(f"heartbeat {self.path} appeared: watching it (hang = no change for {self.stall:g} s)")
+            self.content, self.changed = content, now
+            return None
+        if self.changed is not None and now - self.changed > self.stall:
+            return f"heartbeat {self.path} did not change for {now - self.changed:.1f} s (last: {content.strip()!r})"
+        return None
+
+
+# -- the child ------------------------------------------------------------------------------------------ #
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (from /proc)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def exit_status(code: int) -> int:
+    return 128 - code if code < 0 else code
+
+
+def frozen(pid: int) -> bool:
+    """True when the process is stopped (SIGSTOP, or traced): it cannot act on a signal until resumed."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except OSError:
+        return False
+
+
+def find_registration(target: Target, pgid: int) -> tuple[Etcd | None, list[int]]:
+    """The hung worker's discovery leases: by the ports its process group listens on, or its system port.
+
+    Looked up while the processes still live (their sockets name them); revoked after the kill.
+    """
+    endpoints = os.environ.get("ETCD_ENDPOINTS", "")
+    if not endpoints or not target.address:
+        return None, []
+    ports = discovery.listening_ports(group_members(pgid)) if target.leader else set()
+    try:
+        etcd = Etcd(endpoints, timeout=1.0)
+        found = discovery.worker_registrations(etcd, target.address, target.system_port, ports, target.model)
+    except EtcdError as err:
+        log(f"could not read discovery: {err}")
+        return None, []
+    return etcd, [r.lease for r in found]
+
+
+def teardown(target: Target, child: subprocess.Popen, reason: str, revoke: bool) -> None:
+    """Kill the hung rank's process group and revoke its registration; log and emit the event."""
+    detected = time.time()
+    log(f"HANG: {reason}; killing process group {child.pid} and revoking its discovery registration")
+    etcd, leases = find_registration(target, child.pid) if revoke else (None, [])
+    kill_group(child.pid)
+    revoked: list[int] = []
+    if etcd is not None and leases:
+        try:
+            revoked = discovery.revoke_leases(etcd, leases)
+        except EtcdError as err:
+            log(f"could not revoke {', '.join(f'{lease:x}' for lease in leases)}: {err}")
+    child.wait()
+    emit("hang-detected", reason=reason, detected=round(detected, 3), revoked=[f"{lease:x}" for lease in revoked],
+         teardown_s=round(time.time() - detected, 3))
+
+
+# -- main loop ------------------------------------------------------------------------------------------ #
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m shadowline.watchdog",
+                                description="Run an engine rank; exit non-zero when its health or heartbeat stalls.")
+    p.add_argument("--health-timeout", type=float, default=3.0, help="seconds without a 200 from /health (leader)")
+    p.add_argument("--heartbeat-stall", type=float, default=3.0, help="seconds without a heartbeat change (stand-in)")
+    p.add_argument("--interval", type=float, default=0.2, help="seconds between checks")
+    p.add_argument("--term-grace", type=float, default=10.0,
+                   help="seconds a rank may take to stop after SIGTERM/SIGINT before its group is killed")
+    p.add_argument("--no-revoke", action="store_true", help="do not revoke the discovery registration on a hang")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- ARGV of the rank")
+    args = p.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.command:
+        p.error("give the rank's command after --")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    target = Target.of(args.command)
+    probes: list[HealthProbe | HeartbeatProbe] = []  # the cheap file check first
+    if target.heartbeat_file:
+        probes.append(HeartbeatProbe(target.heartbeat_file, args.heartbeat_stall))
+    if target.health_url:
+        probes.append(HealthProbe(target.health_url, args.health_timeout))
+
+    child = subprocess.Popen(args.command, process_group=0)
+    forwarded: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        forwarded.append(signum)
+        try:
+            os.kill(child.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    kind = "leader" if target.leader else "headless"
+    log(f"running {kind} rank {target.node_rank} of engine {target.engine_id} as pid {child.pid}: "
+        f"{' '.join(args.command[:4])} ...; probes: {[type(p).__name__ for p in probes] or 'none'}")
+    emit("rank-started", pid=child.pid, leader=target.leader, probes=[type(p).__name__ for p in probes])
+
+    forwarded_at = 0.0
+    while True:
+        code = child.poll()
+        if code is not None:
+            kill_group(child.pid)  # whatever the rank left behind in its group
+            status = exit_status(code)
+            log(f"rank exited with status {status}")
+            emit("rank-exited", status=status, forwarded=[signal.Signals(s).name for s in forwarded])
+            return status
+        now = time.monotonic()
+        if forwarded:
+            # Stopping: a frozen rank cannot act on the signal, and one that ignores it is hung too.
+            forwarded_at = forwarded_at or now
+            if frozen(child.pid) or now - forwarded_at > args.term_grace:
+                why = "frozen" if frozen(child.pid) else f"still running {args.term_grace:g} s after it"
+                teardown(target, child, f"asked to stop ({signal.Signals(forwarded[0]).name}) but {why}",
+                         not args.no_revoke)
+                return HANG_EXIT
+        else:
+            problem = next((p for p in (probe.check(time.monotonic()) for probe in probes) if p), None)
+            if problem:
+                teardown(target, child, problem, not args.no_revoke)
+                return HANG_EXIT
+        time.sleep(args.interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
