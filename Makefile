@@ -46,7 +46,7 @@ status: setup ## the status table of the testbed deployment
 teardown: setup ## remove the testbed deployment (keeps the testbed)
 	$(BIN)/ansible-playbook -i inventories/testbed playbooks/teardown.yml
 
-demo: setup ## run the main job on the embedded default
+demo: runtime ## run the main job on the embedded default (root: boots a 2-host testbed)
 	scripts/demo
 
 test: setup ## run the whole suite (unit, broken inventories, lint, build)

@@ -14,13 +14,46 @@ left on the machine.  Tests are skipped when not run as root or when the package
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Callable, Iterator
 
 import pytest
 
 import testbed.testbed as tb
+
+
+def load_testbed(instance: int | str) -> ModuleType:
+    """testbed/testbed.py bound to one testbed instance, as a module of its own.
+
+    testbed.py reads SHADOWLINE_TESTBED once, when imported; test directories that need their own instance
+    (so that their hosts and deployments never meet another directory's) load their own copy with this, and
+    the whole suite still runs in one pytest session.
+    """
+    name = f"_shadowline_testbed_{instance}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("testbed.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    saved = os.environ.get("SHADOWLINE_TESTBED")
+    os.environ["SHADOWLINE_TESTBED"] = str(instance)
+    sys.modules[name] = module  # dataclasses look their module up while the file runs
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    finally:
+        if saved is None:
+            del os.environ["SHADOWLINE_TESTBED"]
+        else:
+            os.environ["SHADOWLINE_TESTBED"] = saved
+    return module
 
 Factory = Callable[..., tb.State]
 

@@ -23,9 +23,12 @@ def main() -> int:
 
     try:
         unix_messages.send(control, {"warm": True})
+    except OSError:
+        pass  # the leader may already have sent its order and closed its end: the order is still queued
+    try:
         msg, fds = unix_messages.recv(control)
     except (unix_messages.ConnectionClosed, OSError):
-        return 0
+        return 0  # the leader went away before it won the lock: nothing was started
     lock_fds = list(fds)  # held for the life of the worker, like an inherited descriptor
     control.close()
     sys.argv = ["dynamo.mocker", *msg["argv"]]
