@@ -30,11 +30,12 @@ from typing import Any
 from .agent_metrics import AgentMetrics
 from .cohort_state import http_get, lock_holder
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Slot
+from .discovery import cohort_registrations, listening_ports, revoke_leases
 from .etcd_client import Etcd, EtcdError
 from .events import EventLog
 from .failover_metrics import engine_failover_view
 from .lock import parse_holder
-from .proc import alive, pidfd_open, systemctl, terminate_cgroup, unit_cgroup
+from .proc import alive, cgroup_pids, pidfd_open, systemctl, terminate_cgroup, unit_cgroup
 from .standin.settings import heartbeat_path
 from .units import unit_name
 
@@ -73,6 +74,10 @@ class Agent:
         self.confirmed: set[tuple[int, int]] = set()  # (cohort, generation) whose gone-ness this agent recorded
         self.detected_at: dict[tuple[int, int], float] = {}  # (cohort, generation) -> when its failure was declared
         self.launched_at: dict[tuple[int, int], float] = {}  # (cohort, generation) -> when the driver saw it launch
+        self.starting: dict[int, tuple[int, float]] = {}  # cohort -> (generation, deadline) being started here
+        self.registered: dict[int, list[int]] = {}  # cohort -> discovery leases of its serving worker (driver)
+        self.registering: dict[int, float] = {}  # cohort -> until when to look for its registration (driver)
+        self.revoked: set[tuple[int, int]] = set()  # (cohort, generation) whose registration the driver revoked
         self.holder: str | None = None  # the live lock holder, engine-<id>
         self.last_holder: str | None = None  # the holder before it, for promotion timing
         self.lease = 0
@@ -96,6 +101,8 @@ class Agent:
             now = time.time()
             for cohort in exited:
                 self.on_rank_exit(cohort, now)
+            if self.starting:
+                self.track_starting(now)
             changed = self.drain_changes()
             if changed or now >= self.next_sync:
                 self.next_sync = now + SYNC_S
@@ -183,9 +190,12 @@ class Agent:
         if props.get("ActiveState") != "active" or not pid:
             self.ranks.pop(cohort, None)
             return None
-        leader = self.node_rank == 0
-        rank = LocalRank(cohort=cohort, generation=generation, unit=unit, pid=pid, pidfd=pidfd_open(pid),
-                         cgroup=unit_cgroup(unit), leader=leader, started=time.time())
+        pidfd = pidfd_open(pid)
+        if pidfd is None:  # exited between systemctl's answer and now: the unit is about to be inactive
+            self.ranks.pop(cohort, None)
+            return None
+        rank = LocalRank(cohort=cohort, generation=generation, unit=unit, pid=pid, pidfd=pidfd,
+                         cgroup=unit_cgroup(unit), leader=self.node_rank == 0, started=time.time())
         self.ranks[cohort] = rank
         return rank
 
@@ -234,19 +244,29 @@ class Agent:
         except EtcdError as err:
             self.events.write("confirm-error", cohort, generation, error=str(err))
 
-    def launch(self, cohort: int, generation: int) -> None:
+    def launch(self, cohort: int, generation: int, now: float) -> None:
+        """Start this node's rank of a new generation without waiting for it (the loop tracks it next)."""
         unit = unit_name(self.plan, "engine", cohort)
-        result = systemctl("start", unit)
-        rank = self.track(cohort, generation)
-        if rank is None:
-            self.events.write("launch-failed", cohort, generation, error=result.stderr.strip()[-300:])
-            self.declare(cohort, generation, "launch-failed", time.time())
-            return
-        self.metrics.count("relaunches_total")
-        detected = self.detected_at.get((cohort, generation - 1))
-        if detected:
-            self.metrics.observe("relaunch_seconds", time.time() - detected)
-        self.events.write("rank-launched", cohort, generation, pid=rank.pid)
+        systemctl("reset-failed", unit)
+        systemctl("start", "--no-block", unit)
+        self.starting[cohort] = (generation, now + 30.0)
+
+    def track_starting(self, now: float) -> None:
+        for cohort, (generation, deadline) in list(self.starting.items()):
+            rank = self.track(cohort, generation)
+            if rank is None and now < deadline:
+                continue
+            del self.starting[cohort]
+            if rank is None:
+                status = systemctl("status", "--no-pager", "-n", "5", unit_name(self.plan, "engine", cohort))
+                self.events.write("launch-failed", cohort, generation, status=status.stdout.strip()[-400:])
+                self.declare(cohort, generation, "launch-failed", now)
+                continue
+            self.metrics.count("relaunches_total")
+            detected = self.detected_at.get((cohort, generation - 1))
+            if detected:
+                self.metrics.observe("relaunch_seconds", now - detected)
+            self.events.write("rank-launched", cohort, generation, pid=rank.pid)
 
     # --- what the slots say ------------------------------------------------------------------------------------
     def reconcile(self, now: float) -> None:
@@ -269,9 +289,11 @@ class Agent:
                 if rank is not None and rank.generation < slot.generation:
                     self.tear_down(rank, now)  # a leftover of an older generation
                     rank = None
+                if rank is None and cohort in self.starting:
+                    continue
                 if rank is None and now >= slot.not_before:
                     self.detected_at.setdefault((cohort, slot.generation - 1), slot.since)
-                    self.launch(cohort, slot.generation)
+                    self.launch(cohort, slot.generation, now)
                 elif rank is None:
                     self.next_sync = min(self.next_sync, slot.not_before)  # wake for the delayed launch
 
@@ -308,18 +330,52 @@ class Agent:
     # --- the driver (leader node): promotion and relaunch --------------------------------------------------------
     def drive(self, now: float) -> None:
         self.verify_promotion(now)
+        self.learn_registrations(now)
         try:
             slots = self.coord.slots()
         except EtcdError:
             return
         for cohort, (slot, revision) in slots.items():
             if slot.state == FAILED:
+                self.revoke_registration(slot)
                 self.relaunch_when_gone(slot, revision, now)
             elif slot.state == LAUNCHING and now >= slot.not_before:
                 self.mark_running_when_parked(slot, revision, now)
             elif slot.state == RUNNING and slot.attempts and now - slot.since > self.failover["stable_after_s"]:
                 slot.attempts = 0
                 self.coord.swap(slot, revision)
+
+    def learn_registrations(self, now: float) -> None:
+        """Remember the discovery leases of a cohort that just started serving, to revoke them when it fails."""
+        for cohort, until in list(self.registering.items()):
+            rank = self.ranks.get(cohort)
+            ports = listening_ports(cgroup_pids(rank.cgroup)) if rank and rank.cgroup else set()
+            try:
+                leases = [r.lease for r in cohort_registrations(self.etcd, self.plan, cohort, ports)]
+            except EtcdError:
+                leases = []
+            if leases:
+                self.registered[cohort] = leases
+                self.events.write("registered", cohort, rank.generation if rank else None,
+                                  leases=[f"{lease:x}" for lease in leases])
+            if leases or now > until:
+                del self.registering[cohort]
+
+    def revoke_registration(self, slot: Slot) -> None:
+        """Take a failed cohort out of discovery at once, so the frontend stops routing to it."""
+        if (slot.cohort, slot.generation) in self.revoked:
+            return
+        self.revoked.add((slot.cohort, slot.generation))
+        leases = self.registered.pop(slot.cohort, [])
+        try:
+            leases += [r.lease for r in cohort_registrations(self.etcd, self.plan, slot.cohort)]
+            revoked = revoke_leases(self.etcd, leases) if leases else []
+        except EtcdError as err:
+            self.events.write("revoke-error", slot.cohort, slot.generation, error=str(err))
+            return
+        if revoked:
+            self.events.write("registration-revoked", slot.cohort, slot.generation,
+                              leases=[f"{lease:x}" for lease in revoked])
 
     def relaunch_when_gone(self, slot: Slot, revision: int, now: float) -> None:
         nodes = {n["host"] for n in self.plan["nodes"]}
@@ -393,6 +449,7 @@ class Agent:
         failed = [t for (c, _g), t in self.detected_at.items() if previous and c == parse_holder(previous)]
         promote_s = now - max(failed) if failed else None
         self.coord.record_active(cohort, generation)
+        self.registering[cohort] = now + 5.0
         self.metrics.count("promotions_total")
         if promote_s is not None:
             self.metrics.observe("promotion_seconds", promote_s)
