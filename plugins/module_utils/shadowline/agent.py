@@ -80,7 +80,10 @@ class Agent:
         self.revoked: set[tuple[int, int]] = set()  # (cohort, generation) whose registration the driver revoked
         self.holder: str | None = None  # the live lock holder, engine-<id>
         self.last_holder: str | None = None  # the holder before it, for promotion timing
+        self.gms_pidfd: int | None = None
         self.lease = 0
+        self.etcd_lost_since: float | None = None
+        self.declare_errors: set[tuple[int, int]] = set()
         self.revision = 0  # the etcd revision the watch continues from
         self.next_keepalive = 0.0
         self.next_sync = 0.0
@@ -109,6 +112,7 @@ class Agent:
                 self.reconcile(now)
             if changed or now >= self.next_check:
                 self.next_check = now + CHECK_S
+                self.track_gms()
                 self.check_health(now)
                 if self.is_driver:
                     self.drive(now)
@@ -118,12 +122,38 @@ class Agent:
         self.events.write("agent-stopped")
 
     def wait_for_wakeup(self, timeout: float) -> list[int]:
-        """Block until a rank exits, etcd changes, or the tick passes; returns cohorts whose rank exited."""
+        """Block until a rank or the GMS server exits, etcd changes, or the tick passes; returns cohorts whose
+        rank exited."""
         fds = {r.pidfd: c for c, r in self.ranks.items() if r.pidfd is not None}
-        readable, _, _ = select.select(list(fds) + [self.wake_r], [], [], timeout)
+        gms = [self.gms_pidfd] if self.gms_pidfd is not None else []
+        readable, _, _ = select.select(list(fds) + gms + [self.wake_r], [], [], timeout)
         if self.wake_r in readable:
             os.read(self.wake_r, 4096)
+        if gms and gms[0] in readable:
+            self.on_gms_exit(time.time())
         return [fds[fd] for fd in readable if fd in fds]
+
+    # --- the GMS server ----------------------------------------------------------------------------------------
+    def track_gms(self) -> None:
+        if self.gms_pidfd is not None:
+            return
+        show = systemctl("show", unit_name(self.plan, "gms"), "--property=MainPID,ActiveState").stdout
+        props = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
+        pid = int(props.get("MainPID", "0") or 0)
+        if props.get("ActiveState") == "active" and pid:
+            self.gms_pidfd = pidfd_open(pid)
+
+    def on_gms_exit(self, now: float) -> None:
+        """Engines keep the weights they mapped and go on serving; a new import would find the restarted server
+        empty. Tell the driver, which has the writer (cohort 0) republish them (see republish_weights)."""
+        assert self.gms_pidfd is not None
+        os.close(self.gms_pidfd)
+        self.gms_pidfd = None
+        self.events.write("gms-lost")
+        try:
+            self.etcd.put(self.coord.keys.gms_lost(self.host), json.dumps({"time": now}))
+        except EtcdError as err:
+            self.events.write("gms-lost-unreported", error=str(err))
 
     # --- membership ------------------------------------------------------------------------------------------
     def register(self) -> None:
@@ -140,7 +170,17 @@ class Agent:
                 self.events.write("agent-lease-expired")
                 self.register()
         except EtcdError as err:
-            self.events.write("etcd-unreachable", error=str(err))
+            if self.etcd_lost_since is None:
+                self.etcd_lost_since = now
+                self.events.write("etcd-unreachable", error=str(err))
+            return
+        if self.etcd_lost_since is not None:
+            self.events.write("etcd-reachable", after_s=round(now - self.etcd_lost_since, 3))
+            self.etcd_lost_since = None
+
+    def isolated(self, now: float) -> bool:
+        """Cut off from etcd for longer than the agent lease: the others count this node as lost."""
+        return self.etcd_lost_since is not None and now - self.etcd_lost_since > self.failover["agent_lease_ttl_s"]
 
     def watch_loop(self) -> None:
         """Wake the main loop whenever anything of the deployment changes in etcd."""
@@ -212,7 +252,9 @@ class Agent:
         try:
             slot = self.coord.declare_failed(cohort, generation, reason, self.host)
         except EtcdError as err:
-            self.events.write("declare-failed-error", cohort, generation, error=str(err))
+            if (cohort, generation) not in self.declare_errors:
+                self.declare_errors.add((cohort, generation))
+                self.events.write("declare-failed-error", cohort, generation, reason=reason, error=str(err))
             return
         if slot is not None:
             self.detected_at[(cohort, generation)] = now
@@ -304,8 +346,15 @@ class Agent:
             if now - rank.started < self.failover["heartbeat_stall_s"] * 2:
                 continue  # still starting: rendezvous and weight loading
             reason = self.hang_reason(rank, now)
-            if reason:
-                self.declare(rank.cohort, rank.generation, reason, now)
+            if not reason:
+                continue
+            self.declare(rank.cohort, rank.generation, reason, now)
+            if reason == "collective-stalled" and self.isolated(now):
+                # Fence: cut off from etcd AND from this cohort's peers (its collective stalled), so the other
+                # nodes have declared it failed; kill it here too. An etcd outage alone (collectives still
+                # progressing) never costs a serving cohort.
+                self.events.write("fenced", rank.cohort, rank.generation, isolated_s=round(now - self.etcd_lost_since, 3))
+                self.tear_down(rank, now)
 
     def hang_reason(self, rank: LocalRank, now: float) -> str | None:
         stall = self.failover["heartbeat_stall_s"]
@@ -331,6 +380,7 @@ class Agent:
     def drive(self, now: float) -> None:
         self.verify_promotion(now)
         self.learn_registrations(now)
+        self.republish_weights()
         try:
             slots = self.coord.slots()
         except EtcdError:
@@ -344,6 +394,33 @@ class Agent:
             elif slot.state == RUNNING and slot.attempts and now - slot.since > self.failover["stable_after_s"]:
                 slot.attempts = 0
                 self.coord.swap(slot, revision)
+
+    def republish_weights(self) -> None:
+        """After a GMS server died, relaunch the writer cohort (ENGINE_ID=0 loads from disk and publishes) so
+        the weights are resident again for future shadows. If cohort 0 is serving, a parked shadow takes over
+        first (one planned failover); with no parked shadow, serving is left alone and the gap is reported."""
+        try:
+            lost = self.etcd.get_prefix(self.coord.keys.gms_lost())
+            if not lost:
+                return
+            slots = self.coord.slots()
+        except EtcdError:
+            return
+        hosts = [kv.key.rsplit("/", 1)[-1] for kv in lost]
+        zero = slots.get(0)
+        serving = parse_holder(self.holder or "")
+        parked = [c for c, (slot, _) in slots.items() if c != 0 and slot.state == RUNNING and c != serving]
+        if zero is None or zero[0].state != RUNNING:
+            self.events.write("gms-republish", 0, None, nodes=hosts, detail="the writer is relaunching already")
+        elif serving != 0 or parked:
+            self.events.write("gms-republish", 0, zero[0].generation, nodes=hosts, serving=serving)
+            self.declare(0, zero[0].generation, "gms-republish", time.time())
+        else:
+            self.events.write("gms-degraded", 0, zero[0].generation, nodes=hosts,
+                              detail="no parked shadow can take over while the writer republishes; serving "
+                                     "continues, but a failover now would find no resident weights")
+        for kv in lost:
+            self.etcd.delete(kv.key)
 
     def learn_registrations(self, now: float) -> None:
         """Remember the discovery leases of a cohort that just started serving, to revoke them when it fails."""

@@ -8,6 +8,7 @@ Keys, under ``/shadowline/<deployment>/``:
   both relaunch it.
 - ``gone/<cohort>/<generation>/<host>``: an agent's confirmation that its ranks of that generation are gone.
 - ``active``: the serving cohort and generation, recorded when a promotion is verified.
+- ``gms_lost/<host>``: a node whose GMS server died (its weights are no longer resident for new imports).
 
 Slot states: ``running`` (the generation's ranks run), ``failed`` (declared failed: every agent kills its
 ranks of that generation), ``launching`` (every agent starts its rank of the new generation, not before
@@ -67,6 +68,9 @@ class Keys:
 
     def active(self) -> str:
         return f"{self.root}active"
+
+    def gms_lost(self, host: str | None = None) -> str:
+        return f"{self.root}gms_lost/{host}" if host else f"{self.root}gms_lost/"
 
 
 class Coordination:
