@@ -49,13 +49,13 @@ teardown: setup ## remove the testbed deployment (keeps the testbed)
 demo: runtime ## run the main job on the embedded default (root: boots a 2-host testbed)
 	scripts/demo
 
-test: setup ## run the whole suite (unit, broken inventories, lint, build)
+test: runtime ## run the whole suite (unit, testbed, end-to-end, molecule, lint, build)
 	$(BIN)/pytest -q tests
 	$(MAKE) --no-print-directory lint build
 
 lint: setup ## ansible-lint (production profile) and a Python byte-compile check
 	$(BIN)/ansible-lint --profile production -q
-	$(BIN)/python -m compileall -q plugins scripts tests >/dev/null
+	$(BIN)/ruff check --quiet plugins testbed tests scripts/show-plan
 
 build: setup ## build the collection tarball into build/
 	mkdir -p build
