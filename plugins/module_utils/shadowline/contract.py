@@ -81,7 +81,7 @@ KNOWN_VARIABLES = [
     "gms_node_rank", "gms_node_address", "gms_deployment", "gms_model", "gms_engine", "gms_cohorts", "gms_ports",
     "gms_socket_dir", "gms_lock_path", "gms_python", "gms_service_user", "gms_memory", "gms_frontend_bind",
     "gms_model_allow_unpinned", "gms_model_allow_pickle", "gms_model_verify", "gms_model_hf_token_file",
-    "gms_failover",
+    "gms_failover", "gms_slurm",
 ]
 # Shared variables must be the same on every node of a deployment.
 SHARED_VARIABLES = [v for v in KNOWN_VARIABLES if v not in ("gms_node_rank", "gms_node_address")]

@@ -155,7 +155,8 @@ def _leader(plan: dict[str, Any], cohort: int) -> tuple[str, int]:
     return leader["address"], int(entry["ports"]["system"])
 
 
-def cohort_registrations(etcd: Etcd, plan: dict[str, Any], cohort: int, ports: Iterable[int] = ()) -> list[Registration]:
+def cohort_registrations(etcd: Etcd, plan: dict[str, Any], cohort: int,
+                         ports: Iterable[int] = ()) -> list[Registration]:
     """The registrations of ``cohort``'s leader.
 
     A registration matches when its host is the cohort leader's address and either its card names the

@@ -11,12 +11,17 @@ watches what a hang stops:
   (``standin.settings.heartbeat_path``), rewritten at every collective step. Armed once it first appeared; a
   hang is the content not changing for ``--heartbeat-stall`` seconds.
 
-On a hang it revokes the leader's discovery registration (the frontend stops routing to it within
-milliseconds; see discovery.py), kills the child's whole process group with SIGKILL and exits 124, so Slurm
-tears down the rest of the step. Otherwise it exits with the child's status (128+N for a signal). SIGTERM and
-SIGINT are forwarded to the child; a child that is frozen (stopped) when asked to stop, or still runs
-``--term-grace`` seconds later, is handled as a hang (it would otherwise hold the failover lock until Slurm's
-KillWait runs out).
+On a hang it kills the child's whole process group with SIGKILL, revokes the leader's discovery registration
+(found by the ports the group listened on; the frontend stops routing to it within milliseconds, see
+discovery.py) and exits 124, so Slurm tears down the rest of the step. Otherwise it exits with the child's
+status (128+N for a signal).
+
+SIGTERM and SIGINT are forwarded to the child. SIGTERM is what Slurm sends every process of a step it tears
+down (a rank died: ``--kill-on-bad-exit``; ``scancel``), so a rank still running ``--term-grace`` seconds later
+is killed with its group; with ``--term-grace 0`` (the default of ``gms_failover.term_grace_s``) at once, so the
+failover lock is free milliseconds after the failure rather than after the engine's graceful shutdown. SIGINT
+is the orderly stop, with ``--stop-grace``. A child that is frozen (stopped) when asked to stop is killed at
+once (it cannot act on the signal, and would hold the failover lock until Slurm's KillWait runs out).
 
 Every decision is logged on stderr, and each event also as one line ``SHADOWLINE_EVENT {json}`` (time, node,
 cohort, rank, event, detail) that the Slurm supervisor copies into the job's event log.
@@ -192,39 +197,31 @@ def frozen(pid: int) -> bool:
         return False
 
 
-def find_registration(target: Target, pgid: int) -> tuple[Etcd | None, list[int]]:
-    """The hung worker's discovery leases: by the ports its process group listens on, or its system port.
-
-    Looked up while the processes still live (their sockets name them); revoked after the kill.
-    """
+def revoke_registration(target: Target, ports: set[int]) -> list[int]:
+    """Revoke the rank's discovery registration: the leases of its worker, matched by the ports its process
+    group listened on (taken before the kill) or by its system port."""
     endpoints = os.environ.get("ETCD_ENDPOINTS", "")
     if not endpoints or not target.address:
-        return None, []
-    ports = discovery.listening_ports(group_members(pgid)) if target.leader else set()
+        return []
     try:
         etcd = Etcd(endpoints, timeout=1.0)
         found = discovery.worker_registrations(etcd, target.address, target.system_port, ports, target.model)
+        return discovery.revoke_leases(etcd, [r.lease for r in found])
     except EtcdError as err:
-        log(f"could not read discovery: {err}")
-        return None, []
-    return etcd, [r.lease for r in found]
+        log(f"could not revoke the registration: {err}")
+        return []
 
 
-def teardown(target: Target, child: subprocess.Popen, reason: str, revoke: bool) -> None:
-    """Kill the hung rank's process group and revoke its registration; log and emit the event."""
-    detected = time.time()
-    log(f"HANG: {reason}; killing process group {child.pid} and revoking its discovery registration")
-    etcd, leases = find_registration(target, child.pid) if revoke else (None, [])
+def teardown(target: Target, child: subprocess.Popen, event: str, reason: str, revoke: bool) -> None:
+    """Kill the rank's process group at once and revoke its registration; log and emit ``event``."""
+    started = time.time()
+    log(f"{event}: {reason}; killing process group {child.pid} and revoking its discovery registration")
+    ports = discovery.listening_ports(group_members(child.pid)) if revoke and target.leader else set()
     kill_group(child.pid)
-    revoked: list[int] = []
-    if etcd is not None and leases:
-        try:
-            revoked = discovery.revoke_leases(etcd, leases)
-        except EtcdError as err:
-            log(f"could not revoke {', '.join(f'{lease:x}' for lease in leases)}: {err}")
+    revoked = revoke_registration(target, ports) if revoke else []
     child.wait()
-    emit("hang-detected", reason=reason, detected=round(detected, 3), revoked=[f"{lease:x}" for lease in revoked],
-         teardown_s=round(time.time() - detected, 3))
+    emit(event, reason=reason, detected=round(started, 3), revoked=[f"{lease:x}" for lease in revoked],
+         teardown_s=round(time.time() - started, 3))
 
 
 # -- main loop ------------------------------------------------------------------------------------------ #
@@ -236,7 +233,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--heartbeat-stall", type=float, default=3.0, help="seconds without a heartbeat change (stand-in)")
     p.add_argument("--interval", type=float, default=0.2, help="seconds between checks")
     p.add_argument("--term-grace", type=float, default=10.0,
-                   help="seconds a rank may take to stop after SIGTERM/SIGINT before its group is killed")
+                   help="SIGTERM (a step torn down): seconds the rank may take to exit before its group is killed; "
+                        "0 kills it at once, so the failover lock is free immediately (gms_failover.term_grace_s)")
+    p.add_argument("--stop-grace", type=float, default=30.0,
+                   help="SIGINT (an orderly stop): seconds the rank may take to exit before its group is killed")
     p.add_argument("--no-revoke", action="store_true", help="do not revoke the discovery registration on a hang")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- ARGV of the rank")
     args = p.parse_args(argv)
@@ -256,18 +256,28 @@ def main(argv: list[str] | None = None) -> int:
     if target.health_url:
         probes.append(HealthProbe(target.health_url, args.health_timeout))
 
-    child = subprocess.Popen(args.command, process_group=0)
     forwarded: list[int] = []
+    early: list[int] = []  # signals that came before the child existed
+    child: subprocess.Popen | None = None
 
     def forward(signum: int, _frame: object) -> None:
+        if child is None:
+            early.append(signum)
+            return
+        if signum == signal.SIGTERM and args.term_grace <= 0 and child.poll() is None:
+            teardown(target, child, "killed-on-term", "SIGTERM: the step is being torn down", not args.no_revoke)
+            return
         forwarded.append(signum)
         try:
             os.kill(child.pid, signum)
         except ProcessLookupError:
             pass
 
-    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGTERM, forward)  # before the child starts: no signal may find us without a handler
     signal.signal(signal.SIGINT, forward)
+    child = subprocess.Popen(args.command, process_group=0)
+    for signum in early:
+        forward(signum, None)
     kind = "leader" if target.leader else "headless"
     log(f"running {kind} rank {target.node_rank} of engine {target.engine_id} as pid {child.pid}: "
         f"{' '.join(args.command[:4])} ...; probes: {[type(p).__name__ for p in probes] or 'none'}")
@@ -284,19 +294,23 @@ def main(argv: list[str] | None = None) -> int:
             return status
         now = time.monotonic()
         if forwarded:
-            # Stopping: a frozen rank cannot act on the signal, and one that ignores it is hung too.
+            # Stopping: a frozen rank cannot act on the signal, and one that outlives its grace is hung too.
             forwarded_at = forwarded_at or now
-            if frozen(child.pid) or now - forwarded_at > args.term_grace:
-                why = "frozen" if frozen(child.pid) else f"still running {args.term_grace:g} s after it"
-                teardown(target, child, f"asked to stop ({signal.Signals(forwarded[0]).name}) but {why}",
-                         not args.no_revoke)
+            grace = args.term_grace if signal.SIGTERM in forwarded else args.stop_grace
+            if child.poll() is None and (frozen(child.pid) or now - forwarded_at > grace):
+                why = "frozen" if frozen(child.pid) else f"still running {grace:g} s after it"
+                teardown(target, child, "hang-detected",
+                         f"asked to stop ({signal.Signals(forwarded[0]).name}) but {why}", not args.no_revoke)
                 return HANG_EXIT
         else:
             problem = next((p for p in (probe.check(time.monotonic()) for probe in probes) if p), None)
-            if problem:
-                teardown(target, child, problem, not args.no_revoke)
+            if problem and child.poll() is None:  # (a SIGTERM during the check may have ended it already)
+                teardown(target, child, "hang-detected", problem, not args.no_revoke)
                 return HANG_EXIT
-        time.sleep(args.interval)
+        try:
+            child.wait(timeout=args.interval)  # returns at once when the rank exits
+        except subprocess.TimeoutExpired:
+            pass
 
 
 if __name__ == "__main__":

@@ -1,0 +1,228 @@
+"""A failover drill on a running Slurm deployment, measured from outside: ``slurm/drill --job J --fault F``.
+
+While a steady load of completions runs through the frontend, it hits the serving (primary) cohort's step:
+
+| fault         | what                                                                            |
+|---------------|---------------------------------------------------------------------------------|
+| kill-worker   | SIGKILL the primary's headless (worker) rank on the last node                   |
+| kill-leader   | SIGKILL the primary's leader rank on the first node                             |
+| hang-leader   | SIGSTOP the primary's leader rank and its Dynamo worker (a hang: the watchdog)  |
+| hang-worker   | SIGSTOP the primary's headless rank on the last node                            |
+| scancel-step  | ``scancel J.S`` of the primary's step (the manual failover trigger)             |
+
+and reports (seconds from the fault; every figure measured, none estimated):
+
+- ``detect_s``: until the system reacted: the watchdog's detection (hangs), Slurm's first kill of a surviving
+  process of the step (kills), 0 for ``scancel-step``;
+- ``teardown_s``: until no process of the step is left on any node;
+- ``promote_s``: until a shadow's leader entered ``active`` (its own failover metrics);
+- ``first_ok_s``: until the first successful completion ended that was sent after the first failed one (with
+  no failure: the first one sent after the fault);
+- ``failed_before_promotion``/``failed_after_promotion``: completions in flight at the fault or sent after it
+  that failed, by whether they were sent before or after the promotion (a request sent to a frozen primary
+  fails late, when the primary is killed, but it is a failure of the old primary). These definitions are the
+  node agent's drill's (drill/report.py), so the figures compare across the two deployments;
+- ``orphans``: processes of the torn-down step still running on any node, and discovery registrations
+  beyond the new primary's;
+- ``relaunch_s``: until the failed cohort's slot held a fresh shadow again, parked (``standby``);
+  ``relaunch_started_s``: until the supervisor launched it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from typing import Any
+
+from .. import discovery
+from ..etcd_client import Etcd, EtcdError
+from .cohorts import leader_view
+from .events import read_events
+from .load import Load
+
+FAULTS = {
+    "kill-worker": ("kill", "last"),
+    "kill-leader": ("kill", "first"),
+    "hang-leader": ("stop", "first"),
+    "hang-worker": ("stop", "last"),
+    "scancel-step": ("none", "first"),
+}
+
+
+class DrillError(Exception):
+    pass
+
+
+def job_dir_of(job_id: str) -> str:
+    """The job's output directory, from the line the supervisor writes first to the job's stdout."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30,
+                         check=False).stdout
+    fields = dict(item.split("=", 1) for item in out.split() if "=" in item)
+    stdout = fields.get("StdOut")
+    if not stdout:
+        raise DrillError(f"scontrol does not know job {job_id}")
+    try:
+        with open(stdout, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("shadowline: job directory "):
+                    return line.split("shadowline: job directory ", 1)[1].strip()
+    except OSError as err:
+        raise DrillError(f"cannot read the job's output {stdout}: {err}; pass --job-dir") from None
+    raise DrillError(f"{stdout} names no shadowline job directory yet; is the job running a rendered script?")
+
+
+def load_job(job_dir: str) -> dict[str, Any]:
+    with open(os.path.join(job_dir, "job.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def serving_cohort(plan: dict[str, Any]) -> int:
+    for entry in plan["cohorts"]:
+        view = leader_view(plan, entry["cohort"], timeout=1.0)
+        if view and view.state == "active":
+            return entry["cohort"]
+    raise DrillError("no cohort is serving (no leader reports the active state)")
+
+
+def parked_cohorts(plan: dict[str, Any]) -> list[int]:
+    found = []
+    for entry in plan["cohorts"]:
+        view = leader_view(plan, entry["cohort"], timeout=1.0)
+        if view and view.state == "standby":
+            found.append(entry["cohort"])
+    return found
+
+
+class Watcher(threading.Thread):
+    """Polls every cohort leader's failover state (20 ms): when a shadow turns active, when the slot parks again."""
+
+    def __init__(self, plan: dict[str, Any], failed: int, since: float) -> None:
+        super().__init__(name="drill-watch", daemon=True)
+        self.plan, self.failed, self.since = plan, failed, since
+        self.promoted: tuple[int, float] | None = None  # (cohort, state entered at)
+        self.parked: float | None = None  # when the failed slot's fresh shadow entered standby
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set() and (self.promoted is None or self.parked is None):
+            for entry in self.plan["cohorts"]:
+                cohort = entry["cohort"]
+                view = leader_view(self.plan, cohort, timeout=0.2)
+                if view is None or view.state_entered is None or view.state_entered < self.since:
+                    continue
+                if cohort != self.failed and view.state == "active" and self.promoted is None:
+                    self.promoted = (cohort, view.state_entered)
+                if cohort == self.failed and view.state == "standby" and self.parked is None:
+                    self.parked = view.state_entered
+            self.stop.wait(0.02)
+
+
+def inject(job: dict[str, Any], step_id: str, fault: str, at: float, python: str,
+           timeout: float) -> list[dict[str, Any]]:
+    """Run the fault task on every node of the job (srun --jobid --overlap); one report per node."""
+    action, where = FAULTS[fault]
+    nodes = job["nodes"]
+    target = nodes[0] if where == "first" or len(nodes) == 1 else nodes[-1]
+    rank = 0 if target is nodes[0] else len(nodes) - 1
+    argv = ["srun", f"--jobid={job['job_id']}", "--overlap", f"--nodes={len(nodes)}", "--ntasks-per-node=1",
+            "--job-name=drill", "--label", python, "-m", "shadowline.slurm.fault", "--step", step_id,
+            "--target-node", target["name"], "--rank", str(rank), "--fault", action, "--at", f"{at:.3f}",
+            "--timeout", f"{timeout:g}"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if fault == "scancel-step":
+        time.sleep(max(0.0, at - time.time()))
+        subprocess.run(["scancel", step_id], check=False, timeout=30)
+    out, _ = proc.communicate(timeout=timeout + 60)
+    reports = []
+    for line in out.splitlines():
+        text = line.split(":", 1)[1].strip() if line[:1].isdigit() and ":" in line else line.strip()
+        if text.startswith("{"):
+            reports.append(json.loads(text))
+    if len(reports) != len(nodes):
+        raise DrillError(f"the fault task did not report from every node: {out[-2000:]}")
+    return reports
+
+
+def drill(job_dir: str, fault: str, rate: float = 20.0, timeout: float = 60.0, settle: float = 1.0) -> dict[str, Any]:
+    if fault not in FAULTS:
+        raise DrillError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+    job = load_job(job_dir)
+    plan = job["plan"]
+    failed = serving_cohort(plan)
+    shadows = parked_cohorts(plan)
+    if not shadows:
+        raise DrillError("no shadow is parked: a failover now would have nothing to promote")
+    step_id = next((s["step_id"] for s in reversed(job["steps"].get(f"cohort_{failed}", []))
+                    if s["step_id"] and s["ended"] is None), None)
+    if not step_id:
+        raise DrillError(f"job.json has no running step of cohort {failed}")
+    python = job.get("python") or plan["infra"]["frontend"]["argv"][0]
+    load = Load(job["frontend_url"], plan["model_id"], rate=rate, timeout=10.0).start()
+    time.sleep(settle)
+    at = time.time() + 1.5  # every node's fault task lists the step's processes before this
+    watcher = Watcher(plan, failed, at)
+    watcher.start()
+    reports = inject(job, step_id, fault, at, python, timeout)
+    fault_at = next((r["fault_at"] for r in reports if r.get("fault_at")), at)
+    deadline = time.monotonic() + timeout
+    while (watcher.promoted is None or watcher.parked is None) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    watcher.stop.set()
+    time.sleep(settle)
+    requests = load.stop()
+    events = [e for e in read_events(os.path.join(job_dir, "events.jsonl")) if e["unix"] >= fault_at - 0.5]
+    return report(fault, job, failed, step_id, fault_at, reports, watcher, requests, events, shadows)
+
+
+def report(fault: str, job: dict[str, Any], failed: int, step_id: str, fault_at: float, reports: list[dict[str, Any]],
+           watcher: Watcher, requests: list[Any], events: list[dict[str, Any]], shadows: list[int]) -> dict[str, Any]:
+    def since(t: float | None) -> float | None:
+        return round(t - fault_at, 3) if t is not None else None
+
+    target_node = next((r["node"] for r in reports if r.get("target")), None)
+    gone = [r["all_gone"] for r in reports]
+    teardown = max(gone) if all(gone) else None
+    if fault.startswith("hang"):
+        detections = [e["detail"].get("detected") or e["unix"] for e in events
+                      if e["event"] in ("watchdog-hang-detected",) and e["detail"].get("step_id") == step_id]
+        detected = min(detections) if detections else None
+    elif fault == "scancel-step":
+        detected = fault_at
+    else:
+        others = [r["first_gone"] for r in reports if r["node"] != target_node and r["first_gone"]]
+        detected = min(others) if others else (teardown if len(reports) == 1 else None)
+    promoted = watcher.promoted[1] if watcher.promoted else None
+    after_fault = [r for r in requests if r.ended > fault_at]  # in flight at the fault, or sent after it
+    failed_requests = [r for r in after_fault if not r.ok]
+    first_failed = min((r.sent for r in failed_requests), default=fault_at)
+    first_ok = min((r.ended for r in after_fault if r.ok and r.sent >= first_failed), default=None)
+    relaunched = next((e["unix"] for e in events if e["event"] == "relaunched" and e["cohort"] == failed), None)
+    orphans: list[Any] = [{"node": r["node"], **left} for r in reports for left in r["left"]]
+    try:
+        regs = [r for r in discovery.registrations(Etcd(job["plan"]["infra"]["etcd_endpoints"], timeout=2.0))
+                if r.model_name in (None, job["plan"]["model_id"])]
+        if len(regs) > 1:
+            orphans += [{"registration": r.instance_id, "address": r.request_address} for r in regs[1:]]
+    except EtcdError as err:
+        orphans.append({"discovery": f"not checked: {err}"})
+    return {
+        "fault": fault, "job_id": job["job_id"], "failed_cohort": failed, "failed_step": step_id,
+        "target_node": target_node, "shadows_parked": shadows,
+        "promoted_cohort": watcher.promoted[0] if watcher.promoted else None,
+        "fault_at": round(fault_at, 3),
+        "detect_s": since(detected), "teardown_s": since(teardown), "promote_s": since(promoted),
+        "first_ok_s": since(first_ok),
+        "failed_before_promotion": sum(1 for r in failed_requests if promoted is None or r.sent < promoted),
+        "failed_after_promotion": sum(1 for r in failed_requests if promoted is not None and r.sent >= promoted),
+        "requests_after_fault": len(after_fault), "requests": len(requests),
+        "failures": [{"sent_s": since(r.sent), "ended_s": since(r.ended), "status": r.status, "error": r.error[:120]}
+                     for r in failed_requests[:30]],
+        "orphans": orphans,
+        "relaunch_started_s": since(relaunched), "relaunch_s": since(watcher.parked),
+        "nodes": reports,
+        "events": [{k: e[k] for k in ("unix", "node", "cohort", "generation", "event")} | {"detail": e["detail"]}
+                   for e in events],
+    }

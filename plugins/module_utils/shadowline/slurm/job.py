@@ -1,0 +1,342 @@
+"""The Slurm batch job of a deployment: the cohort plan for the allocation's nodes, as shell the template lays out.
+
+Nodes come from the allocation, not from ``gms_nodes``: the plan is built (by plan.py, as for every other
+backend) for ``nnodes`` placeholder nodes ``slurm-node-<i>`` whose address is the token ``@SL_ADDR_<i>@``. In
+the script every token becomes ``${SL_ADDR_<i>}``; the supervisor sets ``SL_NODE_<i>``/``SL_ADDR_<i>`` from
+``scontrol show hostnames "$SLURM_JOB_NODELIST"`` at run time (node 0, the first, is the master address and
+the infra node). Each rank's command is the plan's argv and environment, word for word; only its node-local
+directories move under ``gms_slurm.node_dir`` (the plan's state and config directories are root's on a
+cluster; the socket directory too, unless ``gms_socket_dir`` is set).
+
+``job_context`` returns what ``slurm/job.sbatch.j2`` needs, every shell word already quoted; it takes the
+deployment's variables (one host's ``gms_*`` values) and never raises on bad input: it returns problems.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict
+from typing import Any
+
+from ..contract import parse_contract
+from ..plan import GMS_MODULE, build_plan, shell_quote
+from ..problems import Problem
+from ..values import as_int
+from .options import SlurmOptions, parse_slurm_options
+
+PLACEHOLDER_RE = re.compile(r"@SL_ADDR_(\d+)@")
+SLURM_VARIABLES = ["gms_slurm"]  # the Slurm-only variables (to be listed in contract.KNOWN_VARIABLES)
+HOST_ONLY = ("gms_node_rank", "gms_node_address")
+WATCHDOG_MODULE = "shadowline.watchdog"
+NODE_TASKS_MODULE = "shadowline.slurm.node_tasks"
+
+
+def placeholder(index: int) -> str:
+    return f"@SL_ADDR_{index}@"
+
+
+def node_name(index: int) -> str:
+    return f"slurm-node-{index}"
+
+
+# -- shell words ------------------------------------------------------------------------------------------ #
+
+def sh(value: str) -> str:
+    """One shell word: address tokens become "${SL_ADDR_<i>}" (in double quotes), the rest quoted as needed."""
+    if not PLACEHOLDER_RE.search(value):
+        return shell_quote(value)
+    out = []
+    pos = 0
+    for match in PLACEHOLDER_RE.finditer(value):
+        out.append(_dq(value[pos:match.start()]))
+        out.append("${SL_ADDR_%s}" % match.group(1))
+        pos = match.end()
+    out.append(_dq(value[pos:]))
+    return '"' + "".join(out) + '"'
+
+
+def shown(text: str) -> str:
+    """Text for a comment: address tokens as the variables the script uses."""
+    return PLACEHOLDER_RE.sub(r"$SL_ADDR_\1", text)
+
+
+def _dq(text: str) -> str:
+    return "".join("\\" + c if c in '\\"$`' else c for c in text)
+
+
+def command_lines(argv: list[str], env: dict[str, str], prefix: list[str] | None = None) -> list[str]:
+    """``exec env K=V ... [prefix] argv`` as lines to join with `` \\``: one variable per line, one option per line."""
+    lines = ["exec env"] if env else ["exec"]
+    lines += [f"    {key}={sh(env[key])}" for key in sorted(env)]
+    if prefix:
+        lines.append("    " + " ".join(sh(word) for word in prefix))
+    lines += ["    " + line for line in option_lines(argv)]
+    return lines
+
+
+def option_lines(argv: list[str]) -> list[str]:
+    """argv grouped for reading: the program, then each --option with its values on its own line."""
+    groups: list[list[str]] = [[]]
+    for i, arg in enumerate(argv):
+        if arg.startswith("--") and i > 0 and groups[-1]:
+            groups.append([])
+        groups[-1].append(sh(arg))
+    return [" ".join(group) for group in groups if group]
+
+
+# -- from the inventory to a plan for the allocation --------------------------------------------------------- #
+
+def slurm_hostvars(shared: dict[str, Any], nnodes: int, node_dir: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Host variables of ``nnodes`` placeholder nodes carrying the deployment's shared values."""
+    values = {k: v for k, v in shared.items()
+              if k.startswith("gms_") and k not in HOST_ONLY and k not in SLURM_VARIABLES}
+    if not values.get("gms_socket_dir"):
+        values["gms_socket_dir"] = f"{node_dir}/gms"
+    names = [node_name(i) for i in range(nnodes)]
+    return {name: {**values, "gms_node_rank": i, "gms_node_address": placeholder(i)}
+            for i, name in enumerate(names)}, names
+
+
+def node_count(shared: dict[str, Any], inventory_hosts: int) -> int:
+    engine = shared.get("gms_engine")
+    value = engine.get("nnodes") if isinstance(engine, dict) else None
+    number = as_int(value) if value is not None else None
+    return number if number and number > 0 else max(1, inventory_hosts)
+
+
+def relocate(plan: dict[str, Any], node_dir: str) -> dict[str, Any]:
+    """Move the plan's state and config directories (root's on a cluster) under the node-local job directory."""
+    moves = {plan["state_dir"]: f"{node_dir}/state", plan["config_dir"]: f"{node_dir}/config"}
+    text = json.dumps(plan)
+    for old, new in moves.items():
+        text = text.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1])
+    return json.loads(text)
+
+
+def build_job_plan(shared: dict[str, Any], inventory_hosts: int) -> tuple[dict[str, Any] | None, SlurmOptions | None,
+                                                                          list[Problem]]:
+    """(plan dict with placeholders, Slurm options, problems) from one host's gms_* values."""
+    problems: list[Problem] = []
+    deployment = shared.get("gms_deployment") if isinstance(shared.get("gms_deployment"), str) else "deployment"
+    engine = shared.get("gms_engine") if isinstance(shared.get("gms_engine"), dict) else {}
+    options = parse_slurm_options(shared.get("gms_slurm"), deployment, engine.get("backend", "dynamo_vllm"),
+                                  as_int(engine.get("gpus_per_node", 1)) or 1, problems)
+    node_dir = options.node_dir if options else f"/tmp/shadowline-{deployment}"
+    nnodes = node_count(shared, inventory_hosts)
+    hostvars, names = slurm_hostvars(shared, nnodes, node_dir)
+    contract, contract_problems = parse_contract(hostvars, names, [])
+    problems += [p for p in contract_problems if p.field != "gms_slurm"]
+    if contract is None or options is None or problems:
+        return None, None, problems
+    return relocate(build_plan(contract).to_dict(), node_dir), options, problems
+
+
+# -- the script's parts ------------------------------------------------------------------------------------- #
+
+def job_context(shared: dict[str, Any], inventory_hosts: int = 1, source: str = "") -> tuple[dict[str, Any] | None,
+                                                                                         list[Problem]]:
+    """Everything slurm/job.sbatch.j2 renders, or (None, problems)."""
+    plan, options, problems = build_job_plan(shared, inventory_hosts)
+    if plan is None or options is None:
+        return None, problems
+    nnodes = len(plan["nodes"])
+    python = plan["infra"]["frontend"]["argv"][0]  # gms_python: the runtime that runs every process
+    supervisor_python = options.python or python
+    node_dir = options.node_dir
+    ctx: dict[str, Any] = {
+        "deployment": plan["deployment"], "backend": plan["backend"], "model_id": plan["model_id"],
+        "revision": plan["revision"], "model_dir": plan["model_dir"], "nnodes": nnodes, "source": source,
+        "lock_path": plan["lock_path"], "socket_dir": plan["socket_dir"], "node_dir": node_dir,
+        "frontend": shown(plan["infra"]["frontend_url"]),
+        "sbatch": sbatch_options(options, nnodes),
+        "settings": [("SL_PYTHON", sh(supervisor_python)), ("SL_NODE_DIR", sh(node_dir)),
+                     ("SL_OUTPUT_DIR", sh(options.output_dir) if options.output_dir else '"$SLURM_SUBMIT_DIR"')],
+        "modules": [sh(m) for m in options.modules],
+        "cohorts": [{"cohort": c["cohort"], "engine_id": c["engine_id"], "role": c["role"], **c["ports"]}
+                    for c in plan["cohorts"]],
+    }
+    ctx["tasks"] = tasks(plan, options, python)
+    ctx["steps"] = steps(plan, options)
+    ctx["spec_json"] = spec_text(plan, asdict(options))
+    return ctx, []
+
+
+def spec_text(plan: dict[str, Any], options: dict[str, Any]) -> str:
+    """The spec as compact JSON, one line per plan entry (and per cohort, per GMS server): short enough to read
+    past, exact for the supervisor."""
+    def dump(value: Any) -> str:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+    lines = ['{"slurm": ' + dump(options) + ",", ' "plan": {']
+    keys = sorted(plan)
+    for i, key in enumerate(keys):
+        end = "," if i < len(keys) - 1 else ""
+        value = plan[key]
+        if isinstance(value, list) and key in ("cohorts", "gms_servers"):
+            items = [f"   {dump(item)}" + ("," if j < len(value) - 1 else "") for j, item in enumerate(value)]
+            lines += [f'  "{key}": ['] + items + [f"  ]{end}"]
+        else:
+            lines.append(f'  "{key}": {dump(value)}{end}')
+    lines.append(" }}")
+    return "\n".join(lines)
+
+
+def sbatch_options(options: SlurmOptions, nnodes: int) -> list[str]:
+    lines = [f"--job-name={options.job_name}", f"--nodes={nnodes}", "--ntasks-per-node=1",
+             f"--output={(options.output_dir + '/') if options.output_dir else ''}{options.output}",
+             f"--signal=B:TERM@{options.signal_lead_s}"]
+    for flag, value in (("partition", options.partition), ("account", options.account), ("qos", options.qos),
+                        ("time", options.time)):
+        if value:
+            lines.append(f"--{flag}={value}")
+    if options.exclusive:
+        lines.append("--exclusive")
+    if options.gpus_per_node:
+        lines.append(f"--gpus-per-node={options.gpus_per_node}")
+    lines += list(options.extra_sbatch)
+    return lines
+
+
+def _container_prefix(options: SlurmOptions) -> list[str] | None:
+    """``apptainer exec --nv --bind ... IMAGE`` before a command (pyxis works through srun options instead)."""
+    if not options.container_image or options.container_runtime != "apptainer":
+        return None
+    words = ["apptainer", "exec", "--nv"]
+    for mount in list(options.container_mounts) + [f"{options.node_dir}:{options.node_dir}"]:
+        words += ["--bind", mount]
+    return words + [options.container_image]
+
+
+def _rank_task(plan: dict[str, Any], options: SlurmOptions, python: str, cohort: dict[str, Any]) -> dict[str, Any]:
+    failover = plan["failover"]  # gms_failover: the same timeouts as the node agent's
+    watchdog = [python, "-m", WATCHDOG_MODULE, "--health-timeout", f"{failover['health_timeout_s']:g}",
+                "--heartbeat-stall", f"{failover['heartbeat_stall_s']:g}",
+                "--term-grace", f"{failover['term_grace_s']:g}", "--stop-grace", f"{options.stop_grace_s:g}", "--"]
+    prefix = _container_prefix(options)
+    branches = []
+    for rank in cohort["ranks"]:
+        process = rank["process"]
+        kind = "leader: Dynamo runtime, takes the failover lock" if rank["leader"] else "headless"
+        branches.append({"case": str(rank["node_rank"]), "comment": f"rank {rank['node_rank']} ({kind})",
+                         "pre": [], "lines": command_lines(watchdog + list(process["argv"]), process["env"], prefix)})
+    ports = cohort["ports"]
+    return {"name": f"cohort_{cohort['cohort']}", "by_node": True,
+            "comment": f"cohort {cohort['cohort']} ({cohort['role']}, ENGINE_ID={cohort['engine_id']}): "
+                       f"master port {ports['master']}, system port {ports['system']}, NIXL {ports['nixl']}; "
+                       "each rank under the watchdog",
+            "branches": branches}
+
+
+def tasks(plan: dict[str, Any], options: SlurmOptions, python: str) -> list[dict[str, Any]]:
+    """The task functions: what one task of a step runs on its node."""
+    prefix = _container_prefix(options)
+    infra = plan["infra"]
+    out: list[dict[str, Any]] = []
+    if options.model_check:
+        argv = [python, "-m", NODE_TASKS_MODULE, "model-status", "--local-dir", plan["model_dir"],
+                "--model-id", plan["model_id"], "--revision", plan["revision"]]
+        out.append({"name": "model_check", "by_node": False, "comment": "report this node's staged model "
+                    "(status file + fast verify) for the readiness gate", "pre": [],
+                    "lines": command_lines(argv, {}, prefix)})
+    gms_branches = []
+    for index, process in enumerate(plan["gms_servers"]):
+        gms_branches.append({"case": str(index), "comment": f"node {index}",
+                             "pre": [f"mkdir -p {sh(plan['socket_dir'])}"],
+                             "lines": command_lines(list(process["argv"]), process["env"], prefix)})
+    out.append({"name": "gms", "by_node": True, "comment": f"GPU Memory Service server ({GMS_MODULE[plan['backend']]})",
+                "branches": gms_branches})
+    pattern = f"{plan['socket_dir']}/gms_*_weights.sock"
+    argv = [python, "-m", NODE_TASKS_MODULE, "wait-files", "--pattern", pattern,
+            "--count", str(plan["gpus_per_node"]), "--timeout", str(options.ready_timeout_s)]
+    out.append({"name": "gms_wait", "by_node": False, "comment": "wait until this node's GMS server listens",
+                "pre": [], "lines": command_lines(argv, {}, prefix)})
+    etcd, nats, frontend = infra["etcd"][0], infra["nats"][0], infra["frontend"]
+    out.append({"name": "etcd", "by_node": False,
+                "comment": f"etcd (discovery), on the first node: {infra['etcd_endpoints']}",
+                "pre": [], "lines": command_lines(list(etcd["argv"]), etcd["env"], prefix)})
+    nats_pre = []
+    for path, text in nats["files"].items():
+        nats_pre.append(f"mkdir -p {sh(path.rsplit('/', 1)[0])} {sh(text_store_dir(text))}")
+        nats_pre += _continued(["printf '%s\\n'"] + [f"    {sh(line)}" for line in text.rstrip(chr(10)).split(chr(10))]
+                               + [f"    > {sh(path)}"])
+    out.append({"name": "nats", "by_node": False,
+                "comment": f"NATS with JetStream, on the first node: {infra['nats_server']}",
+                "pre": nats_pre, "lines": command_lines(list(nats["argv"]), nats["env"], prefix)})
+    out.append({"name": "frontend", "by_node": False,
+                "comment": "Dynamo frontend (OpenAI API), on the first node: " + infra["frontend_url"],
+                "pre": [f"mkdir -p {sh(frontend['env']['HOME'])}"],
+                "lines": command_lines(list(frontend["argv"]), frontend["env"], prefix)})
+    out += [_rank_task(plan, options, python, cohort) for cohort in plan["cohorts"]]
+    for task in out:
+        task["comment"] = shown(task["comment"])
+        task["lines"] = task.get("lines", [])
+        for branch in task.get("branches", []):
+            branch["lines"] = _continued(branch["lines"])
+        task["lines"] = _continued(task["lines"])
+    return out
+
+
+def text_store_dir(conf: str) -> str:
+    match = re.search(r'store_dir: "([^"]+)"', conf)
+    return match.group(1) if match else "."
+
+
+def _continued(lines: list[str]) -> list[str]:
+    return [line + (" \\" if i < len(lines) - 1 else "") for i, line in enumerate(lines)]
+
+
+def steps(plan: dict[str, Any], options: SlurmOptions) -> list[dict[str, Any]]:
+    """The step functions: one ``srun`` each, which the supervisor runs (and relaunches) as a job step."""
+    nnodes = len(plan["nodes"])
+    container = []
+    if options.container_image and options.container_runtime == "pyxis":
+        mounts = list(options.container_mounts) + [f"{options.node_dir}:{options.node_dir}"]
+        container = [f"--container-image={sh(options.container_image)}", f"--container-mounts={sh(','.join(mounts))}"]
+    cpus = [f"--cpus-per-task={options.cpus_per_task}"] if options.cpus_per_task else []
+    every = [f"--nodes={nnodes}", "--ntasks-per-node=1"]
+    first = ["--nodes=1", "--ntasks=1", '--nodelist="$SL_NODE_0"']
+    run = 'bash "$SL_NODE_DIR/job.sh" task'
+
+    def srun(name: str, where: list[str], extra: list[str], comment: str, task: str | None = None,
+             command: str | None = None, in_container: bool = True) -> dict[str, Any]:
+        words = ["exec srun", "--overlap", "--export=ALL", f"--job-name={name}", "--label", "--unbuffered",
+                 *where, *extra, *(container if in_container else []), *cpus]
+        body = command or f"{run} {task or name.replace('-', '_')}"
+        return {"name": name.replace("-", "_"), "comment": comment, "lines": _continued(_wrap(words) + ["    " + body])}
+
+    out = [srun("prepare", every, [], "every node: a fresh node directory (the task prints its node id)",
+                command='/bin/sh -c "rm -rf -- \\"\\$SL_NODE_DIR\\" && mkdir -p -m 0700 \\"\\$SL_NODE_DIR\\" '
+                        '&& echo \\"\\$SLURM_NODEID \\$SLURMD_NODENAME\\""', in_container=False)]
+    if options.model_check:
+        out.append(srun("model-check", every, [], "every node: the staged model's status, for the readiness gate"))
+    out += [
+        srun("gms", every, [], "every node: the GMS server (runs for the whole job)"),
+        srun("gms-wait", every, [], "every node: until the GMS server listens"),
+        srun("etcd", first, [], "first node: etcd"),
+        srun("nats", first, [], "first node: NATS"),
+        srun("frontend", first, [], "first node: the frontend"),
+    ]
+    for cohort in plan["cohorts"]:
+        out.append(srun(f"cohort-{cohort['cohort']}", every, ["--kill-on-bad-exit=1"],
+                        f"cohort {cohort['cohort']}: one rank per node (rank = SLURM_NODEID); any rank that exits "
+                        "non-zero (or hangs: the watchdog) ends the whole step"))
+    out.append(srun("cleanup", every, [], "every node: remove the node directory (at the end of the job)",
+                    command='rm -rf -- "$SL_NODE_DIR"', in_container=False))
+    return out
+
+
+def _wrap(words: list[str], width: int = 100) -> list[str]:
+    lines: list[str] = []
+    current = ""
+    for word in words:
+        candidate = f"{current} {word}" if current else word
+        if len(candidate) > width and current:
+            lines.append(current)
+            current = "    " + word
+        else:
+            current = candidate
+    if current:
+        lines.append(current)
+    return lines
+

@@ -1,0 +1,192 @@
+"""slurm/render and the job library: scripts that pass bash -n and shellcheck for every option, literal commands
+from the plan, gms_slurm validation naming the field and the fix, and the spec the supervisor reads back."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from shadowline.slurm.allocation import Node, concrete, read_spec
+from shadowline.slurm.job import job_context, sh
+from shadowline.slurm.supervisor import Relaunch
+
+REPO = Path(__file__).resolve().parents[2]
+RENDER = REPO / "slurm" / "render"
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+BASE = {
+    "gms_deployment": "llama",
+    "gms_model": {"id": "meta-llama/Llama-3.3-70B-Instruct", "revision": REVISION,
+                  "local_dir": "/scratch/models/llama-3.3-70b"},
+    "gms_engine": {"backend": "dynamo_vllm", "tensor_parallel_size": 16, "gpus_per_node": 8, "nnodes": 2},
+    "gms_cohorts": 3,
+    "gms_python": "/opt/dynamo/venv/bin/python",
+}
+VARIANTS = {
+    "defaults": {},
+    "cluster": {"gms_slurm": {"partition": "gpu", "account": "proj-42", "qos": "high", "time": "2-00:00:00",
+                              "exclusive": True, "gpus_per_node": 8, "cpus_per_task": 32,
+                              "modules": ["cuda/12.4", "nccl/2.21"], "job_name": "llama-serve",
+                              "output": "%x-%j.log", "output_dir": "/shared/jobs",
+                              "extra_sbatch": ["--constraint=h100"]}},
+    "pyxis": {"gms_slurm": {"container_image": "nvcr.io#nvidia/ai-dynamo/vllm-runtime:0.6.1",
+                            "container_mounts": ["/scratch/models:/scratch/models:ro"]}},
+    "apptainer": {"gms_slurm": {"container_image": "/shared/images/dynamo.sif", "container_runtime": "apptainer",
+                                "container_mounts": ["/scratch:/scratch"], "exclusive": False}},
+    "standin": {"gms_engine": {"backend": "standin", "tensor_parallel_size": 2, "nnodes": 2},
+                "gms_cohorts": 2, "gms_slurm": {"model_check": False}},
+}
+
+
+def values(**override) -> dict:
+    shared = copy.deepcopy(BASE)
+    shared.update(copy.deepcopy(override))
+    return shared
+
+
+def render(tmp_path: Path, shared: dict, name: str = "job.sbatch") -> Path:
+    vars_file = tmp_path / f"{name}.json"
+    vars_file.write_text(json.dumps(shared))
+    out = tmp_path / name
+    proc = subprocess.run([sys.executable, str(RENDER), "--vars-json", str(vars_file), "--out", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_rendered_script_passes_bash_n_and_shellcheck(tmp_path, variant):
+    script = render(tmp_path, values(**VARIANTS[variant]))
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    assert shutil.which("shellcheck"), "shellcheck is in the project's Debian packages"
+    proc = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout == "", proc.stdout
+
+
+def test_every_command_stands_in_the_script_literally(tmp_path):
+    script = render(tmp_path, values(**VARIANTS["cluster"])).read_text()
+    spec = read_spec(script)
+    plan = spec["plan"]
+    for cohort in plan["cohorts"]:
+        ports = cohort["ports"]
+        body = script.split(f"task_cohort_{cohort['cohort']}() {{", 1)[1].split("\n}\n", 1)[0]
+        assert f"--master-port {ports['master']}" in body and f"DYN_SYSTEM_PORT={ports['system']}" in body
+        assert f"VLLM_NIXL_SIDE_CHANNEL_PORT={ports['nixl']}" in body and f"ENGINE_ID={cohort['engine_id']}" in body
+        for rank in cohort["ranks"]:
+            argv = rank["process"]["argv"]
+            assert " ".join(sh(a) for a in argv[:3]) in body  # /opt/dynamo/venv/bin/python -m dynamo.vllm
+            assert f'--node-rank {rank["node_rank"]}' in body
+        assert '--master-addr "${SL_ADDR_0}"' in body and "--headless" in body
+        assert "-m shadowline.watchdog" in body
+    assert "--kill-on-bad-exit=1" in script.split("step_cohort_0() {", 1)[1].split("}", 1)[0]
+    for option in ("--partition=gpu", "--account=proj-42", "--qos=high", "--time=2-00:00:00", "--exclusive",
+                   "--gpus-per-node=8", "--job-name=llama-serve", "--output=/shared/jobs/%x-%j.log",
+                   "--signal=B:TERM@120", "--nodes=2", "--constraint=h100"):
+        assert f"#SBATCH {option}\n" in script, option
+    assert "module load cuda/12.4\n" in script and "--cpus-per-task=32" in script
+    assert "@SL_ADDR_" not in script.split("SHADOWLINE_SPEC", 1)[0], "every address token is a shell variable"
+
+
+def test_no_secret_in_the_script(tmp_path):
+    shared = values(gms_model_hf_token_file="/etc/shadowline/hf-token")
+    script = render(tmp_path, shared).read_text()
+    assert "hf_" not in script.lower().replace("hf_hub_offline", "") and "TOKEN" not in script
+
+
+def test_containers(tmp_path):
+    pyxis = render(tmp_path, values(**VARIANTS["pyxis"]), "pyxis.sbatch").read_text()
+    assert "--container-image='nvcr.io#nvidia/ai-dynamo/vllm-runtime:0.6.1'" in pyxis
+    assert "--container-mounts=/scratch/models:/scratch/models:ro,/tmp/shadowline-llama:/tmp/shadowline-llama" in pyxis
+    apptainer = render(tmp_path, values(**VARIANTS["apptainer"]), "apptainer.sbatch").read_text()
+    assert ("apptainer exec --nv --bind /scratch:/scratch --bind /tmp/shadowline-llama:/tmp/shadowline-llama "
+            "/shared/images/dynamo.sif \\\n") in apptainer
+    assert "#SBATCH --exclusive" not in apptainer
+
+
+def test_spec_round_trip_and_addresses(tmp_path):
+    script = render(tmp_path, values()).read_text()
+    spec = read_spec(script)
+    assert spec["slurm"]["stop_grace_s"] == 30 and spec["plan"]["failover"]["relaunch_backoff_s"] == 0.2
+    plan = concrete(spec["plan"], [Node("gpu-a", "10.0.0.1"), Node("gpu-b", "10.0.0.2")])
+    assert plan["infra"]["etcd_endpoints"] == "http://10.0.0.1:2379"
+    ranks = plan["cohorts"][1]["ranks"]
+    assert ranks[1]["process"]["env"]["DYN_SYSTEM_HOST"] == "10.0.0.2"
+    assert "10.0.0.1" in ranks[1]["process"]["argv"]  # --master-addr: the first node
+    assert plan["state_dir"] == "/tmp/shadowline-llama/state" and plan["socket_dir"] == "/tmp/shadowline-llama/gms"
+    assert not re.search(r"/var/lib/shadowline|/etc/shadowline|/run/shadowline", json.dumps(plan))
+
+
+def test_yaml_and_ansible_inventories_render_the_same(tmp_path):
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"vars": {"root": "/opt/dynamo"}, "children": {
+        "gms_nodes": {"hosts": {"a": {"gms_node_rank": 0}, "b": {"gms_node_rank": 1}}}}}}))
+    group = values()
+    group["gms_python"] = "{{ root }}/venv/bin/python"
+    group["gms_engine"] = {"backend": "dynamo_vllm", "gpus_per_node": 8,
+                           "tensor_parallel_size": "{{ 8 * groups['gms_nodes'] | length }}"}
+    (inv / "group_vars" / "gms_nodes.yml").write_text(yaml.safe_dump(group))
+    texts = []
+    for extra in ([], ["--no-ansible"]):
+        out = tmp_path / f"job{len(texts)}.sbatch"
+        proc = subprocess.run([sys.executable, str(RENDER), "-i", str(inv), "--out", str(out), *extra],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        texts.append(out.read_text())
+        assert json.loads(proc.stdout)["inventory"].startswith("PyYAML" if extra else "ansible-inventory")
+    assert texts[0] == texts[1]
+    assert "/opt/dynamo/venv/bin/python -m dynamo.vllm" in texts[0] and "--tensor-parallel-size 16" in texts[0]
+    assert "#SBATCH --nodes=2" in texts[0]
+
+
+@pytest.mark.parametrize("slurm, field, fix", [
+    ({"time": "forever"}, "gms_slurm.time", "D-HH:MM:SS"),
+    ({"container_mounts": ["/a:/b"]}, "gms_slurm.container_mounts", "container_image"),
+    ({"extra_sbatch": ["--nodes=4"]}, "gms_slurm.extra_sbatch", "gms_engine.nnodes"),
+    ({"partiton": "gpu"}, "gms_slurm.partiton", "did you mean 'partition'"),
+    ({"output_dir": "relative/dir"}, "gms_slurm.output_dir", "absolute path"),
+    ({"gpus_per_node": "eight"}, "gms_slurm.gpus_per_node", "whole number"),
+    ({"container_runtime": "docker"}, "gms_slurm.container_runtime", "pyxis, apptainer"),
+    ({"stop_grace_s": 0}, "gms_slurm.stop_grace_s", "1..3600"),
+    ({"output": "logs/%j.out"}, "gms_slurm.output", "gms_slurm.output_dir"),
+])
+def test_bad_options_name_the_field_and_the_fix(slurm, field, fix):
+    context, problems = job_context(values(gms_slurm=slurm))
+    assert context is None
+    assert [p.field for p in problems] == [field], problems
+    assert fix in problems[0].fix or fix in problems[0].message
+
+
+def test_contract_problems_come_through(tmp_path):
+    context, problems = job_context(values(gms_engine={"backend": "dynamo_vllm", "tensor_parallel_size": 3,
+                                                       "nnodes": 2}, gms_cohort=2))
+    assert context is None
+    fields = {p.field for p in problems}
+    assert {"gms_cohort", "gms_engine.tensor_parallel_size"} <= fields
+    vars_file = tmp_path / "bad.json"
+    vars_file.write_text(json.dumps(values(gms_slurm={"time": "x"})))
+    proc = subprocess.run([sys.executable, str(RENDER), "--vars-json", str(vars_file), "--out", str(tmp_path / "x")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "gms_slurm.time" in proc.stderr and not (tmp_path / "x").exists()
+
+
+def test_relaunch_policy_is_gms_failover():
+    policy = Relaunch.of({"relaunch_backoff_s": 0.2, "relaunch_backoff_max_s": 30, "max_relaunch_attempts": 5,
+                          "stable_after_s": 30})
+    assert [policy.delay(n) for n in range(1, 10)] == [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30]
+
+
+def test_watchdog_timeouts_come_from_gms_failover(tmp_path):
+    shared = values(gms_failover={"health_timeout_s": 4, "heartbeat_stall_s": 5, "term_grace_s": 0.5})
+    script = render(tmp_path, shared).read_text()
+    assert "--health-timeout 4 \\\n" in script and "--heartbeat-stall 5 \\\n" in script
+    assert "--term-grace 0.5 \\\n" in script and "--stop-grace 30 \\\n" in script
+

@@ -1,0 +1,197 @@
+"""shadowline.watchdog: exit codes, signal forwarding, hangs by health and by heartbeat, on loopback.
+
+The last test runs a real stand-in cohort (leader + headless rank, the real dynamo.mocker registered in a real
+etcd) with each rank under a watchdog, freezes the leader, and checks both watchdogs end their ranks, the
+registration is revoked and the failover lock is free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from shadowline import discovery, lock
+from shadowline.etcd_client import Etcd
+from shadowline.watchdog import EVENT_PREFIX, HANG_EXIT
+
+from ..standin import harness
+from .local_infra import free_port, wait_until
+
+LIB = Path(__file__).resolve().parents[2] / "plugins" / "module_utils"
+GPUS = ["GPU-7a1b2c3d-0000-4000-8000-0000000000b0", "GPU-7a1b2c3d-0000-4000-8000-0000000000b1"]
+
+FAKE_LEADER = textwrap.dedent("""
+    import http.server, os, signal, subprocess, sys, threading
+    signal.signal(signal.SIGTERM, lambda *a: os._exit(0))  # like an engine: stops cleanly, if it can run at all
+    signal.signal(signal.SIGINT, lambda *a: os._exit(0))
+    sub = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # stays in our process group
+    open(sys.argv[1], "w").write(f"{os.getpid()} {sub.pid}")
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a): pass
+    http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["DYN_SYSTEM_PORT"])), H).serve_forever()
+""")
+
+
+def watchdog(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "shadowline.watchdog", *args],
+                            env={**os.environ, "PYTHONPATH": str(LIB), **(env or {})}, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, **kw)
+
+
+def events(stderr: str) -> list[dict]:
+    return [json.loads(line.split(EVENT_PREFIX, 1)[1]) for line in stderr.splitlines() if EVENT_PREFIX in line]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_exit_status_passes_through():
+    proc = watchdog("--", sys.executable, "-c", "raise SystemExit(3)")
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 3
+    assert [e["event"] for e in events(err)] == ["rank-started", "rank-exited"]
+    proc = watchdog("--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    proc.communicate(timeout=20)
+    assert proc.returncode == 128 + 9
+
+
+def test_sigterm_is_forwarded(tmp_path):
+    marker = tmp_path / "got-term"
+    script = ("import signal, sys, time\n"
+              f"signal.signal(signal.SIGTERM, lambda *a: (open({str(marker)!r}, 'w').write('x'), sys.exit(0)))\n"
+              "print('ready', flush=True)\ntime.sleep(60)\n")
+    proc = watchdog("--", sys.executable, "-c", script, stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=20)
+    assert proc.returncode == 0 and marker.exists()
+
+
+def start_fake_leader(tmp_path, *options: str) -> tuple[subprocess.Popen, int, int]:
+    pids = tmp_path / "pids"
+    script = tmp_path / "leader.py"
+    script.write_text(FAKE_LEADER)
+    port = free_port()
+    proc = watchdog("--health-timeout", "1.5", "--interval", "0.1", *options, "--",
+                    sys.executable, str(script), str(pids),
+                    env={"DYN_SYSTEM_HOST": "127.0.0.1", "DYN_SYSTEM_PORT": str(port), "ETCD_ENDPOINTS": ""})
+    wait_until(lambda: pids.exists() and pids.read_text(), 10, what="the fake leader")
+    leader, sub = (int(x) for x in pids.read_text().split())
+    wait_until(lambda: harness.http("GET", f"http://127.0.0.1:{port}/health", timeout=0.5)[0] == 200, 10,
+               what="its /health")
+    return proc, leader, sub
+
+
+def test_health_stall_kills_the_process_group(tmp_path):
+    proc, leader, sub = start_fake_leader(tmp_path)
+    time.sleep(0.5)  # the watchdog has seen a 200: armed
+    os.kill(leader, signal.SIGSTOP)
+    frozen = time.monotonic()
+    _, err = proc.communicate(timeout=20)
+    took = time.monotonic() - frozen
+    assert proc.returncode == HANG_EXIT
+    assert 1.4 < took < 4.0, f"detected after {took:.2f} s"
+    assert not alive(leader) and not alive(sub), "the whole process group is killed"
+    hang = [e for e in events(err) if e["event"] == "hang-detected"]
+    assert hang and "gave no 200" in hang[0]["detail"]["reason"]
+
+
+def test_frozen_rank_asked_to_stop_is_killed(tmp_path):
+    proc, leader, sub = start_fake_leader(tmp_path, "--health-timeout", "60")
+    os.kill(leader, signal.SIGSTOP)
+    asked = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == HANG_EXIT and time.monotonic() - asked < 2.0
+    assert not alive(leader) and not alive(sub)
+    assert "but frozen" in events(err)[-1]["detail"]["reason"]
+
+
+def test_term_grace_0_kills_at_once_and_sigint_still_stops_in_order(tmp_path):
+    proc, leader, sub = start_fake_leader(tmp_path, "--term-grace", "0")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 128 + 9  # the rank did not get to stop cleanly: it was killed
+    assert not alive(leader) and not alive(sub)
+    assert [e["event"] for e in events(err)][-2:] == ["killed-on-term", "rank-exited"]
+    (tmp_path / "pids").unlink()
+    proc, leader, sub = start_fake_leader(tmp_path, "--term-grace", "0")
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=20)
+    assert proc.returncode == 0  # forwarded: the fake leader exits 0 on SIGTERM/SIGINT handling
+    assert not alive(sub)
+
+
+@pytest.fixture(scope="module")
+def infra(runtime, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("watchdog-infra")
+    procs = harness.Procs(workdir)
+    try:
+        yield harness.start_infra(procs, workdir)
+    finally:
+        procs.kill_all()
+        assert not procs.leftovers()
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_standin_cohort_leader_hang(procs, infra, tiny_model, short_dir, tmp_path):
+    """A frozen stand-in leader: both ranks' watchdogs end their ranks, the registration is revoked at once."""
+    procs.start("gms", [str(harness.RUNTIME_PY), "-m", "shadowline.standin.gms_server"],
+                {"PATH": os.environ["PATH"], "GMS_SOCKET_DIR": str(short_dir),
+                 "SHADOWLINE_STANDIN_GPUS": ",".join(GPUS)})
+    harness.wait_until(lambda: (short_dir / "gms_ready").exists(), 10, what="gms_ready")
+    lock_path = tmp_path / "failover.lock"
+    master, system = free_port(), free_port()
+    env = harness.dynamo_env(infra, GMS_SOCKET_DIR=str(short_dir), FAILOVER_LOCK_PATH=str(lock_path),
+                             DYN_VLLM_GMS_SHADOW_MODE="true", ENGINE_ID="0", DYN_SYSTEM_PORT=str(system),
+                             PYTHONPATH=str(LIB))
+    ranks = []
+    for rank in (0, 1):
+        argv = [str(harness.RUNTIME_PY), "-m", "shadowline.watchdog", "--health-timeout", "3",
+                "--heartbeat-stall", "3", "--", *harness.engine_argv(tiny_model, "tiny", tp=2, nnodes=2, rank=rank,
+                                                                       master_port=master)]
+        ranks.append(procs.start(f"rank-{rank}", argv, {**env, "SHADOWLINE_STANDIN_GPUS": GPUS[rank],
+                                                         "SHADOWLINE_COHORT": "0", "SHADOWLINE_NODE_RANK": str(rank)}))
+    ranks[0].wait_log("[Shadow] Engine awake, registering with discovery", 30)
+    ranks[0].wait_log("passed: watching it", 10)
+    ranks[1].wait_log("appeared: watching it", 10)
+    etcd = Etcd(infra.etcd)
+    regs = discovery.registrations(etcd)
+    assert len(regs) == 1
+    engine = children(ranks[0].pid)[0]
+    os.killpg(engine, signal.SIGSTOP)  # the leader and its worker: a hang
+    frozen = time.monotonic()
+    for rank in ranks:
+        assert rank.popen.wait(15) == HANG_EXIT
+    took = time.monotonic() - frozen
+    assert 2.5 < took < 6.0, f"both ranks ended {took:.2f} s after the freeze"
+    assert discovery.registrations(etcd) == [], "the hung leader's registration is revoked"
+    assert not lock.is_locked(str(lock_path)), "the failover lock is free for a shadow"
+    leader_events = [json.loads(line.split(EVENT_PREFIX, 1)[1]) for line in ranks[0].text().splitlines()
+                     if EVENT_PREFIX in line]
+    hang = next(e for e in leader_events if e["event"] == "hang-detected")
+    assert hang["detail"]["revoked"] == [regs[0].instance_id]
+    assert (hang["cohort"], hang["rank"]) == (0, 0)
+    print(f"\nleader frozen -> both ranks gone in {took:.2f} s; leader's teardown {hang['detail']['teardown_s']} s "
+          f"({hang['detail']['reason']})")
