@@ -67,7 +67,8 @@ options:
     description:
       - Path on the node of a root-only file (mode 0600) holding the Hugging Face token
         (C(gms_model_hf_token_file)). Only used for C(hf://) sources.
-      - The token is never logged, never put on a command line and never returned.
+      - The token is never logged, never put on a command line and never returned. The path itself is
+        treated as secret too (C(no_log)), so Ansible masks it in results, logs and messages.
       - When unset, huggingface_hub's defaults apply (C(HF_TOKEN) or a stored login, else anonymous).
     type: path
   hf_endpoint:
@@ -230,7 +231,7 @@ repaired:
   type: list
   elements: str
 fetched_bytes:
-  description: Bytes fetched in this run.
+  description: Bytes fetched in this run (in check mode, the bytes a run would fetch).
   returned: always
   type: int
 fetch_seconds:
@@ -285,7 +286,7 @@ def main():
             allow_pickle=dict(type="bool", default=False),
             allow_unpinned=dict(type="bool", default=False),
             verify=dict(type="str", default="fast", choices=["fast", "full"]),
-            hf_token_file=dict(type="path", no_log=False),
+            hf_token_file=dict(type="path", no_log=True),
             hf_endpoint=dict(type="str"),
             allow_patterns=dict(type="list", elements="str"),
             workers=dict(type="int", default=0),

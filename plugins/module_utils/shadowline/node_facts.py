@@ -219,9 +219,10 @@ def python_facts(python: str, backend: str | None) -> dict[str, Any]:
 
 
 def manifest_weight_bytes(model_dir: str) -> int | None:
+    """Bytes of the weight files (``weight_bytes`` of shadowline-manifest.json; configs and tokenizers excluded)."""
     try:
         with open(os.path.join(model_dir, MANIFEST_NAME), encoding="utf-8") as handle:
             manifest = json.load(handle)
-        return int(manifest["total_bytes"])
+        return int(manifest["weight_bytes"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -134,6 +134,15 @@ def engine_dropin(plan: Plan, host: str, cohort: int) -> str:
     return "\n".join(lines)
 
 
+def engine_model_dropin(digest: str) -> str:
+    """A cohort's second drop-in (model.conf): the manifest digest of the model its ranks were started on.
+
+    The engine role writes it after the readiness gate passed, so a restaged model with other content changes
+    the unit and the cohort restarts on it; `systemctl show -p Environment` tells which model a rank runs.
+    """
+    return "\n".join(["[Service]"] + environment_lines({"SHADOWLINE_MODEL_DIGEST": digest}) + [""])
+
+
 def agent_unit(plan: Plan, host: str) -> str:
     """The node agent: root (it stops and starts the engine units and kills their cgroups), never restarted
     into a second copy (it holds a lock), its state and event log under the deployment's state directory."""

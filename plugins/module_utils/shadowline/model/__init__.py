@@ -12,6 +12,7 @@ Modules (each small, named for what it does):
 - ``progress``: byte progress, rate and time left, reported through a callback.
 - ``status``: the per-node status file (Pending, Downloading, Ready, Failed).
 - ``readiness``: ``readiness_gate`` over all nodes' statuses.
+- ``report``: the controller's table of every node's model and the progress line of a running staging.
 - ``fetch_file``, ``fetch_hf``, ``fetch_rsync``: the sources.
 - ``stage``: ``ensure_model`` / ``remove_model``, the one entry point callers need.
 

@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
 from typing import Any
 
@@ -109,6 +110,48 @@ def swap_into_place(new_dir: str, target: str, aside: str) -> None:
     os.rename(new_dir, target)
     fsync_dir(parent)
     remove_tree(aside)
+
+
+# Staged models are read by the engines' unprivileged service user: whatever the umask of the run, every
+# directory shadowline creates is 0755 and every staged file 0644 (see make_tree_readable).
+DIR_MODE = 0o755
+FILE_MODE = 0o644
+
+
+def makedirs_readable(path: str, mode: int = DIR_MODE) -> None:
+    """``os.makedirs(path, exist_ok=True)``; the directories it creates get ``mode`` exactly (not umask-reduced)."""
+    path = os.path.abspath(path)
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, mode)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise
+            continue
+        os.chmod(directory, mode)
+
+
+def make_tree_readable(root: str) -> int:
+    """Directories 0755 and regular files 0644 below (and including) ``root``; returns how many were changed.
+
+    Only entries whose mode differs are touched (a chmod changes the ctime that fast verification compares).
+    Symlinks are left alone.
+    """
+    changed = 0
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name, mode in [(dirpath, DIR_MODE)] + [(os.path.join(dirpath, f), FILE_MODE) for f in filenames]:
+            st = os.lstat(name)
+            if not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) != mode:
+                os.chmod(name, mode)
+                changed += 1
+    return changed
 
 
 def nearest_existing(path: str) -> str:

@@ -22,6 +22,8 @@ def _as_status(value: ModelStatus | Mapping[str, Any] | None) -> ModelStatus | N
         data = dict(value)
         if "state" not in data and isinstance(data.get("status"), str):
             data["state"] = data["status"]
+            if not data.get("error") and data.get("msg"):
+                data["error"] = data["msg"]
         return ModelStatus.from_dict(data)
     return None
 

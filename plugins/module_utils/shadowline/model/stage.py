@@ -32,7 +32,15 @@ from typing import Any
 
 from . import fetch_file, fetch_hf, fetch_rsync
 from .errors import BusyError, ModelError, SpecError, VerifyError
-from .fsutil import DirLock, fsync_dir, human_bytes, remove_tree, swap_into_place
+from .fsutil import (
+    DirLock,
+    fsync_dir,
+    human_bytes,
+    make_tree_readable,
+    makedirs_readable,
+    remove_tree,
+    swap_into_place,
+)
 from .hashing import COUNTERS, FileDigest, hash_files
 from .hf_token import read_token_file, redact
 from .journal import JOURNAL_NAME, Journal
@@ -102,8 +110,8 @@ class StageResult:
             "notes": list(self.notes),
             "repaired": list(self.repaired),
             "fetched_bytes": self.fetched_bytes,
-            "fetch_seconds": round(self.fetch_seconds, 3),
-            "verify_seconds": round(self.verify_seconds, 3),
+            "fetch_seconds": round(self.fetch_seconds, 6),
+            "verify_seconds": round(self.verify_seconds, 6),
             "hashed_bytes": self.hashed_bytes,
         }
 
@@ -167,7 +175,8 @@ class _Run:
     def fail(self, exc: BaseException) -> None:
         if self.check_mode:
             return
-        message = redact(str(exc) or type(exc).__name__, [self.token or ""])
+        # The status file is world-readable and gates print it: neither the token nor its file's path goes there.
+        message = redact(str(exc) or type(exc).__name__, [self.token or "", self.spec.hf_token_file or ""])
         try:
             self.status(FAILED, error=message)
         except OSError:
@@ -385,6 +394,7 @@ class _Run:
                 before=before,
                 after=after_view,
                 repaired=sorted(set(report.bad) | set(report.extra)) if report else [],
+                fetched_bytes=needed,  # check mode: what a real run would fetch
             )
         return self.stage(plan, wanted, reusable, to_fetch, staging, report, before)
 
@@ -498,6 +508,8 @@ class _Run:
                 fix="make allow_patterns select every shard, or fix the source.",
             )
         self.prune(staging, keep=set(entries), wanted=set(wanted), final=True)
+        # Readable by the engines' service user whatever this run's umask; before the stat keys are recorded.
+        make_tree_readable(staging)
         final_entries = [entries[p].with_stat(os.stat(os.path.join(staging, p))) for p in sorted(entries)]
         manifest = Manifest(
             model_id=spec.model_id,
@@ -551,7 +563,7 @@ def ensure_model(
         run = _Run(spec, _token(spec), check_mode=True, progress=progress, progress_interval=progress_interval)
         return run.run()
     try:
-        os.makedirs(spec.parent, exist_ok=True)
+        makedirs_readable(spec.parent)
     except OSError as exc:
         raise SpecError(
             f"cannot create {spec.parent}: {exc.strerror}.", field="gms_model.local_dir", fix="choose a writable path."
