@@ -9,7 +9,8 @@ export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
 NODES ?= 3
 INVENTORY ?= inventories/local
 
-.PHONY: help setup runtime demo test lint build preflight testbed-up testbed-down deploy status teardown clean
+.PHONY: help setup runtime demo test lint build preflight testbed-up testbed-down deploy status teardown clean \
+	drill bench-failover
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 22
@@ -45,6 +46,12 @@ status: setup ## the status table of the testbed deployment
 
 teardown: setup ## remove the testbed deployment (keeps the testbed)
 	$(BIN)/ansible-playbook -i inventories/testbed playbooks/teardown.yml
+
+drill: setup ## a failover drill on the testbed deployment under load (FAULT=kill-leader, see docs/drills.md)
+	$(BIN)/ansible-playbook -i inventories/testbed playbooks/drill.yml -e fault=$(or $(FAULT),kill-leader)
+
+bench-failover: runtime ## failover figures at 1, 2, 4, 8 testbed hosts (TRIALS=20; testbed instance 6)
+	$(BIN)/python scripts/bench-failover --trials $(or $(TRIALS),20) $(if $(NODES_LIST),--nodes $(NODES_LIST))
 
 demo: runtime ## run the main job on the embedded default (root: boots a 2-host testbed)
 	scripts/demo

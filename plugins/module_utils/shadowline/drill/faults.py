@@ -1,0 +1,112 @@
+"""The drill faults: what each one does, where it lands, and what the drill expects of the agents afterwards.
+
+The serving cohort is the lock holder (``engine-<id>`` in the lock file on the leader node). Node-level faults
+(kill-gms, kill-agent, cut-node) take a node; the default is the one that tests the most (see ``Fault.node``),
+``target`` overrides it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+Plan = dict[str, Any]
+
+
+class DrillError(Exception):
+    """A drill cannot run as asked; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    summary: str
+    cohort: str  # "serving", "standby" or "" (a node-level fault)
+    node: str  # "leader" (node rank 0) or "last" (the highest node rank, never the leader)
+    expect_failure: bool  # the agents must declare a generation failed
+    expect_reason: tuple[str, ...]  # failure-declared reasons that count as detecting it
+    expect_promotion: bool  # another cohort must take the lock
+    zero_failed: bool  # not one request may fail
+    min_observe_s: float  # watch at least this long after the fault before calling it settled
+    multi_node: bool = False  # needs a second node
+
+
+FAULTS: dict[str, Fault] = {f.name: f for f in (
+    Fault("kill-leader", "SIGKILL the serving cohort's leader (node rank 0) main process",
+          "serving", "leader", True, ("rank-exited",), True, False, 0.5),
+    Fault("kill-worker", "SIGKILL the serving cohort's rank on the last node",
+          "serving", "last", True, ("rank-exited",), True, False, 0.5, multi_node=True),
+    Fault("hang-leader", "freeze the serving leader's whole engine (SIGSTOP of every process of its unit)",
+          "serving", "leader", True, ("leader-hung", "collective-stalled"), True, False, 0.5),
+    Fault("hang-worker", "hang-collective fault (stand-in control file) on the serving cohort's last-node rank",
+          "serving", "last", True, ("collective-stalled",), True, False, 0.5, multi_node=True),
+    Fault("kill-standby", "SIGKILL a parked shadow's leader: serving must not notice",
+          "standby", "leader", True, ("rank-exited",), False, True, 0.5),
+    Fault("kill-gms", "SIGKILL the GMS server on one node: mapped weights survive, serving continues",
+          "", "leader", False, (), False, False, 3.0),
+    Fault("kill-agent", "SIGKILL one node's agent: systemd restarts it and it adopts the running ranks",
+          "", "leader", False, (), False, True, 4.0),
+    Fault("cut-node", "take a non-leader node's network down for a few seconds, then up again",
+          "", "last", False, (), False, False, 1.0, multi_node=True),
+)}
+
+
+def fault_names() -> list[str]:
+    return list(FAULTS)
+
+
+def serving_cohort(holder: str | None) -> int | None:
+    """The cohort of a lock holder ``engine-<id>`` (engine ids equal cohort numbers in a plan)."""
+    if not holder or not holder.startswith("engine-") or not holder[7:].isdigit():
+        return None
+    return int(holder[7:])
+
+
+def choose_target(plan: Plan, fault: str, holder: str | None, host: str | None = None,
+                  cohort: int | None = None) -> dict[str, Any]:
+    """Where ``fault`` lands: {host, cohort, node_rank} (cohort None for node-level faults)."""
+    if fault not in FAULTS:
+        raise DrillError(f"fault={fault!r} is not a drill fault. Fix: one of {', '.join(FAULTS)}")
+    spec = FAULTS[fault]
+    nodes = sorted(plan["nodes"], key=lambda n: n["rank"])
+    if spec.multi_node and len(nodes) < 2:
+        raise DrillError(f"{fault} needs a node other than the leader; this deployment has one node")
+    serving = serving_cohort(holder)
+    if spec.cohort and serving is None:
+        raise DrillError("no cohort holds the failover lock: nothing serves, so there is nothing to drill. "
+                         "Fix: playbooks/status.yml, then playbooks/site.yml")
+    chosen = cohort
+    if spec.cohort == "serving":
+        chosen = serving if cohort is None else cohort
+    elif spec.cohort == "standby" and cohort is None:
+        parked = [c["cohort"] for c in plan["cohorts"] if c["cohort"] != serving]
+        if not parked:
+            raise DrillError("kill-standby needs a parked shadow; this deployment has one cohort (gms_cohorts: 1)")
+        chosen = parked[0]
+    if host is None:
+        host = nodes[0]["host"] if spec.node == "leader" else nodes[-1]["host"]
+    node = next((n for n in nodes if n["host"] == host), None)
+    if node is None:
+        raise DrillError(f"target {host!r} is not a node of deployment {plan['deployment']}")
+    if fault == "cut-node" and node["rank"] == 0:
+        raise DrillError("cut-node takes a non-leader node: the leader node holds etcd, the frontend and the lock")
+    if fault in ("kill-leader", "hang-leader", "kill-standby") and node["rank"] != 0:
+        raise DrillError(f"{fault} hits a cohort leader, which runs on the leader node {nodes[0]['host']}")
+    if fault in ("kill-worker", "hang-worker") and node["rank"] == 0:
+        raise DrillError(f"{fault} hits a headless rank: choose a node other than the leader")
+    if fault == "hang-worker" and plan["backend"] != "standin":
+        raise DrillError("hang-worker needs the stand-in backend (its hang-collective control file); "
+                         "dynamo_vllm has no such hook")
+    return {"host": host, "cohort": chosen if spec.cohort else None, "node_rank": node["rank"],
+            "summary": spec.summary, "expect_failure": spec.expect_failure, "min_observe_s": spec.min_observe_s}
+
+
+def fault_control_path(plan: Plan, cohort: int, node_rank: int) -> str:
+    """The stand-in's per-rank fault control file (docs/standin.md: state dir = the lock file's directory)."""
+    engine_id = plan["cohorts"][cohort]["engine_id"]
+    return os.path.join(os.path.dirname(plan["lock_path"]), f"fault-engine-{engine_id}-rank-{node_rank}")
+
+
+def cut_unit_name(plan: Plan) -> str:
+    return f"shadowline-{plan['deployment']}-drill-cut.service"

@@ -1,0 +1,186 @@
+"""Constant request load through the Dynamo frontend, bounded in count and time.
+
+Open loop: request *i* is sent at ``start + i / rate`` whatever happened to the earlier ones (a client that
+slows down when the server fails hides the outage), each on its own thread up to ``max_in_flight``; a request
+that has not answered within ``timeout_s`` counts as failed. Every request is recorded with its start and end
+(the machine's clock, so they compare with the agents' events), its HTTP status and an error text.
+
+Run in the background by the ``drill_load`` action: ``python -m shadowline.drill.load --url ... --out FILE``
+writes one JSON line per finished request and a last ``{"summary": ...}`` line; SIGTERM (or ``--stop-file``
+appearing) ends it early, after the requests in flight have answered or timed out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+PROMPT = "shadowline failover drill"
+
+
+@dataclass
+class Request:
+    seq: int
+    start: float
+    end: float
+    status: int  # HTTP status; 0 when no HTTP answer came (refused, reset, timeout)
+    ok: bool
+    error: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def completion_body(model: str, max_tokens: int = 4) -> bytes:
+    return json.dumps({"model": model, "messages": [{"role": "user", "content": PROMPT}],
+                       "max_tokens": max_tokens, "stream": False}).encode()
+
+
+def send(url: str, body: bytes, timeout_s: float, seq: int) -> Request:
+    """One chat completion; ok means HTTP 200 with a JSON body that has ``choices``."""
+    start = time.time()
+    request = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (the plan's URL)
+            payload = response.read()
+            status = response.status
+        try:
+            ok = status == 200 and "choices" in json.loads(payload)
+            error = "" if ok else f"unexpected body: {payload[:120]!r}"
+        except ValueError:
+            ok, error = False, f"not JSON: {payload[:120]!r}"
+    except urllib.error.HTTPError as err:
+        status, ok = err.code, False
+        error = err.read()[:160].decode("utf-8", "replace").strip()
+    except TimeoutError:
+        status, ok, error = 0, False, f"no answer within {timeout_s} s"
+    except (OSError, ValueError) as err:
+        status, ok = 0, False
+        reason = getattr(err, "reason", err)
+        error = "timeout" if "timed out" in str(reason) else str(reason)[:160]
+    return Request(seq=seq, start=start, end=time.time(), status=status, ok=ok, error=error)
+
+
+def run_load(url: str, model: str, rate: float = 20.0, duration_s: float = 30.0, max_requests: int = 600,
+             timeout_s: float = 5.0, max_in_flight: int = 256, stop: threading.Event | None = None,
+             on_result: Callable[[Request], None] | None = None) -> list[Request]:
+    """Send ``rate`` requests per second for at most ``duration_s`` seconds and ``max_requests`` requests (or
+    until ``stop`` is set), then wait for the ones in flight. Returns every request, in order of sending."""
+    if rate <= 0 or duration_s <= 0 or max_requests <= 0:
+        raise ValueError("rate, duration_s and max_requests must be positive")
+    stop = stop or threading.Event()
+    body = completion_body(model)
+    results: list[Request] = []
+    lock = threading.Lock()
+    slots = threading.BoundedSemaphore(max_in_flight)
+    threads: list[threading.Thread] = []
+
+    def one(seq: int) -> None:
+        try:
+            result = send(url, body, timeout_s, seq)
+        finally:
+            slots.release()
+        with lock:
+            results.append(result)
+        if on_result:
+            on_result(result)
+
+    start = time.time()
+    for seq in range(max_requests):
+        due = start + seq / rate
+        if due - start >= duration_s:
+            break
+        if stop.wait(max(0.0, due - time.time())):
+            break
+        if not slots.acquire(timeout=timeout_s):  # every slot stuck: record the skipped send as a failure
+            skipped = Request(seq=seq, start=time.time(), end=time.time(), status=0, ok=False,
+                              error=f"not sent: {max_in_flight} requests in flight")
+            with lock:
+                results.append(skipped)
+            if on_result:
+                on_result(skipped)
+            continue
+        thread = threading.Thread(target=one, args=(seq,), name=f"load-{seq}", daemon=True)
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join(timeout_s + 5)
+    return sorted(results, key=lambda r: r.seq)
+
+
+def summarize(requests: list[Request]) -> dict[str, object]:
+    ok = [r for r in requests if r.ok]
+    latencies = sorted(r.end - r.start for r in ok)
+    return {
+        "sent": len(requests), "ok": len(ok), "failed": len(requests) - len(ok),
+        "first_start": min((r.start for r in requests), default=None),
+        "last_end": max((r.end for r in requests), default=None),
+        "median_latency_s": round(latencies[len(latencies) // 2], 4) if latencies else None,
+    }
+
+
+def read_results(path: str) -> tuple[list[dict[str, object]], dict[str, object] | None]:
+    """The requests and the summary a background load wrote (the summary is None while it runs)."""
+    requests: list[dict[str, object]] = []
+    summary = None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+                if "summary" in record:
+                    summary = record["summary"]
+                else:
+                    requests.append(record)
+    except FileNotFoundError:
+        pass
+    return sorted(requests, key=lambda r: r["seq"]), summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shadowline.drill.load", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", required=True, help="the frontend, e.g. http://198.18.0.10:8000")
+    parser.add_argument("--model", required=True, help="the served model name")
+    parser.add_argument("--rate", type=float, default=20.0, help="requests per second (default 20)")
+    parser.add_argument("--duration", type=float, default=30.0, help="at most this many seconds (default 30)")
+    parser.add_argument("--max-requests", type=int, default=600, help="at most this many requests (default 600)")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds before a request counts as failed")
+    parser.add_argument("--out", required=True, help="JSON lines: one per request, then the summary")
+    parser.add_argument("--stop-file", help="stop sending once this file exists")
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    if args.stop_file:
+        def watch() -> None:
+            while not stop.wait(0.05):
+                if os.path.exists(args.stop_file):
+                    stop.set()
+        threading.Thread(target=watch, daemon=True).start()
+    out_lock = threading.Lock()
+    with open(args.out, "a", encoding="utf-8") as out:
+        def record(result: Request) -> None:
+            with out_lock:
+                out.write(json.dumps(result.to_dict(), sort_keys=True) + "\n")
+                out.flush()
+        requests = run_load(args.url, args.model, args.rate, args.duration, args.max_requests, args.timeout,
+                            stop=stop, on_result=record)
+        with out_lock:
+            out.write(json.dumps({"summary": summarize(requests)}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: shadowline contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# The work is done by the action plugin plugins/action/drill_load.py, on the controller; this file documents it.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: drill_load
+short_description: Constant request load through the Dynamo frontend, from the controller, in the background
+version_added: "0.1.0"
+description:
+  - I(state=started) starts a load generator on the controller (C(python -m shadowline.drill.load)) that sends
+    I(rate) chat completions per second to the frontend, open loop (a request is sent on time whatever happened
+    to the ones before), for at most I(duration_s) seconds and I(max_requests) requests, and returns at once.
+  - I(state=stopped) waits until I(stop_at), stops it, waits for the requests in flight (each at most
+    I(timeout_s)) and returns every request with its start, end, HTTP status and error.
+  - Runs on the controller (an action plugin); nothing is installed anywhere. Sends nothing in check mode.
+options:
+  state:
+    description: C(started) or C(stopped).
+    type: str
+    default: started
+    choices: [started, stopped]
+  url:
+    description: The frontend URL (C(gms_plan.infra.frontend_url)).
+    type: str
+  model:
+    description: The served model name (C(gms_plan.model_id)).
+    type: str
+  rate:
+    description: Requests per second.
+    type: float
+    default: 20
+  duration_s:
+    description: The load never runs longer than this.
+    type: float
+    default: 30
+  max_requests:
+    description: The load never sends more than this; default I(rate) x I(duration_s).
+    type: int
+  timeout_s:
+    description: A request without an answer after this long counts as failed.
+    type: float
+    default: 5
+  pid:
+    description: With I(state=stopped), the C(pid) I(state=started) returned.
+    type: int
+  out:
+    description: With I(state=stopped), the C(out) I(state=started) returned.
+    type: str
+  stop_at:
+    description: With I(state=stopped), the unix time to stop sending at (at most 60 s from now).
+    type: float
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  action:
+    support: full
+author:
+  - shadowline contributors
+"""
+
+EXAMPLES = r"""
+- name: Start 20 requests per second for at most 30 s
+  shadowline.gms.drill_load:
+    url: "{{ gms_plan.infra.frontend_url }}"
+    model: "{{ gms_plan.model_id }}"
+  run_once: true
+  register: load
+
+- name: Stop it two seconds from now and collect the requests
+  shadowline.gms.drill_load:
+    state: stopped
+    pid: "{{ load.pid }}"
+    out: "{{ load.out }}"
+    stop_at: "{{ load.started_at + 2 }}"
+  run_once: true
+  register: requests
+"""
+
+RETURN = r"""
+pid:
+  description: The load generator's pid on the controller.
+  returned: state=started
+  type: int
+out:
+  description: The file it writes the requests to (removed by I(state=stopped)).
+  returned: state=started
+  type: str
+started_at:
+  description: Unix time it started.
+  returned: state=started
+  type: float
+requests:
+  description: Every request - seq, start, end (unix time), status (0 without an HTTP answer), ok, error.
+  returned: state=stopped
+  type: list
+  elements: dict
+summary:
+  description: sent, ok, failed, first_start, last_end, median_latency_s.
+  returned: state=stopped
+  type: dict
+"""
