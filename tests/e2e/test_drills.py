@@ -1,0 +1,269 @@
+"""Failover drills on a 3-host testbed (instance 6, 198.18.6.0/24): every fault of playbooks/drill.yml, the
+crash-loop backoff, and playbooks/failover.yml (planned failover, check mode, reviving a dead slot).
+
+The deployment (site.yml, the default testbed inventory: stand-in cohorts 0 and 1 over 3 nodes, an agent per
+node) is made once for the module; every test asserts what it can see for itself on the hosts and through the
+frontend, besides the drill report's own checks. Runs as root; needs `make runtime` (called when .runtime is
+missing). At the end the testbed is removed and nothing of it may be left on the machine.
+
+Development: SHADOWLINE_DRILLS_KEEP=1 keeps the testbed and its deployment at the end and reuses a serving one
+(skipping site.yml); never in CI.
+
+Settings: ``gms_failover.stable_after_s`` is 8 s here instead of 30, so that drills a few seconds apart on the
+same cohort do not add up to a crash loop (each drill waits until the slots' crash-loop counters are back to 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shadowline.failover_metrics import engine_failover_view
+from testbed.pytest_fixtures import skip_reason
+
+from . import launch
+
+INSTANCE = "6"
+tb = launch.load_testbed(INSTANCE)  # testbed/testbed.py bound to instance 6 only (SHADOWLINE_TESTBED=6)
+REPO = launch.REPO
+DEPLOYMENT = "demo"  # inventories/testbed/group_vars
+UNIT = f"shadowline-{DEPLOYMENT}"
+EVENTS = f"/var/lib/shadowline/{DEPLOYMENT}/events.jsonl"
+LOCK = f"/run/shadowline/{DEPLOYMENT}/gms/failover.lock"
+LEADER = "node0"
+FRONTEND = f"http://198.18.{INSTANCE}.10:8000"
+MODEL = "shadowline/tiny-llama"
+EXTRA_VARS = {"gms_failover": {"stable_after_s": 8}}
+FAULTS = ["kill-leader", "kill-worker", "hang-leader", "hang-worker", "kill-standby", "kill-agent", "kill-gms",
+          "cut-node"]
+
+
+def playbook(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "SHADOWLINE_TESTBED": INSTANCE}
+    return subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(tb.INVENTORY),
+                           f"playbooks/{name}", "-e", json.dumps(EXTRA_VARS), *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def tail(proc: subprocess.CompletedProcess[str], lines: int = 60) -> str:
+    return "\n".join((proc.stdout + proc.stderr).splitlines()[-lines:])
+
+
+def on(host: str, *argv: str, timeout: float = 30) -> str:
+    proc = tb.exec_in(host, list(argv), timeout=timeout)
+    assert proc.returncode == 0, f"{host}: {' '.join(argv)}: {proc.stderr.strip()}"
+    return proc.stdout
+
+
+def events(host: str = LEADER, since: float = 0.0) -> list[dict[str, Any]]:
+    proc = tb.exec_in(host, ["cat", EVENTS], timeout=30)
+    out = []
+    for line in proc.stdout.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record["time"] >= since:
+            out.append(record)
+    return out
+
+
+def leader_states() -> dict[int, str | None]:
+    """Each cohort leader's failover state from its own /metrics (system ports 8080, 8081 on node0)."""
+    states: dict[int, str | None] = {}
+    for cohort in (0, 1):
+        try:
+            with urllib.request.urlopen(f"http://198.18.{INSTANCE}.10:{8080 + cohort}/metrics", timeout=2) as r:
+                text = r.read().decode()
+        except OSError:
+            states[cohort] = None
+            continue
+        view = engine_failover_view(text).get(str(cohort))
+        states[cohort] = view.state if view else None
+    return states
+
+
+def lock_holder() -> str:
+    """The lock file's content, and that some process really holds it (flock probe inside node0)."""
+    held = tb.exec_in(LEADER, ["flock", "--nonblock", "--shared", LOCK, "true"], timeout=10).returncode != 0
+    return on(LEADER, "cat", LOCK).strip() if held else ""
+
+
+def completion_ok() -> bool:
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "drill test"}],
+                       "max_tokens": 4}).encode()
+    request = urllib.request.Request(f"{FRONTEND}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def wait_for(what: str, check: Any, timeout: float, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(interval)
+
+
+def alive_on(host: str, pid: int, start: int) -> bool:
+    """Is the process (pid, start ticks) still alive on the host? (a reused pid is another process)"""
+    proc = tb.exec_in(host, ["cat", f"/proc/{pid}/stat"], timeout=10)
+    if proc.returncode != 0:
+        return False
+    stat = proc.stdout
+    return int(stat[stat.rindex(")") + 2:].split()[19]) == start
+
+
+def assert_whole() -> None:
+    """Exactly one lock holder, which is the one active leader; the other parked; the frontend serves."""
+    states = wait_for("one leader active and one parked", lambda: (s := leader_states()) and
+                      sorted(s.values(), key=str) == ["active", "standby"] and s, 30)
+    active = next(c for c, s in states.items() if s == "active")
+    assert lock_holder() == f"engine-{active}"
+    assert wait_for("a completion through the frontend", completion_ok, 15)
+
+
+@pytest.fixture(scope="module")
+def deployment() -> Iterator[dict[str, Any]]:
+    if reason := skip_reason():
+        pytest.skip(reason)
+    if not (REPO / ".runtime" / "bin" / "python").exists():
+        subprocess.run(["make", "runtime"], cwd=REPO, check=True, capture_output=True, timeout=900)
+    running = tb.load_journal()
+    if running is not None and (running.nodes != 3 or running.slurm or tb.problems(running)):
+        tb.down()
+    tb.up(3, False)
+    keep = os.environ.get("SHADOWLINE_DRILLS_KEEP") == "1"  # development only: reuse a deployment, keep it
+    try:
+        if not (keep and running is not None and completion_ok()):
+            proc = playbook("site.yml", timeout=900)
+            assert proc.returncode == 0, f"site.yml failed:\n{tail(proc)}"
+        yield {"inventory": tb.INVENTORY}
+    finally:
+        if not keep:
+            tb.down()
+            left = tb.leaks()
+            assert not left, f"testbed instance {INSTANCE} left things on the machine: {left}"
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("drills")
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_drill(deployment: dict[str, Any], reports: Path, fault: str) -> None:
+    path = reports / f"{fault}.json"
+    proc = playbook("drill.yml", "-e", f"fault={fault}", "-e", f"drill_report={path}", "-e", "drill_warmup_s=1",
+                    "-e", "drill_tail_s=1")
+    assert proc.returncode == 0, f"drill {fault} failed:\n{tail(proc)}"
+    assert "result: PASS" in proc.stdout
+    report = json.loads(path.read_text())
+    assert Path(str(path)[:-5] + ".svg").read_text().startswith("<svg")
+    for key in ("fault", "detect_s", "teardown_s", "promote_s", "first_ok_s", "failed_before_promotion",
+                "failed_after_promotion", "orphans", "relaunch_s"):
+        assert key in report, key
+    evidence = report["evidence"]
+
+    # No process of a failed generation is left on any host (checked here, not through the drill's module).
+    failed = {g["cohort"] for g in report["failed_generations"]}
+    for host, units in evidence["before"]["processes"].items():
+        for cohort, unit in units.items():
+            if int(cohort) in failed:
+                left = [p["pid"] for p in unit["processes"] if alive_on(host, p["pid"], p["start"])]
+                assert not left, f"{fault}: {host} still runs {left} of cohort {cohort}'s failed generation"
+    assert report["orphans"] == []
+    assert report["serving_resumed"], f"{fault}: the last request of the load failed"
+    assert_whole()
+
+    if fault in ("kill-leader", "kill-worker", "hang-leader", "hang-worker"):
+        assert report["detect_s"] is not None and report["teardown_s"] is not None
+        assert set(report["teardown_per_node"]) == {"node0", "node1", "node2"}
+        assert report["promoted_cohort"] is not None
+        assert f"engine-{report['promoted_cohort']}" == report["serving_after"] != report["serving_before"]
+        assert report["relaunch_s"] is not None and report["first_ok_s"] is not None
+    if fault in ("hang-leader",):
+        assert report["detect_reason"] in ("leader-hung", "collective-stalled")
+    if fault == "hang-worker":
+        assert report["detect_reason"] == "collective-stalled"
+    if fault == "kill-standby":
+        assert report["requests"]["failed"] == 0, "a standby's death interrupted serving"
+        assert report["serving_after"] == report["serving_before"]
+        assert report["relaunch_s"] is not None
+    if fault == "kill-agent":
+        assert list(report["agents_restarted"]) == [LEADER]
+        assert report["ranks_restarted"] == [], "the restarted agent must adopt the running ranks"
+        assert report["failed_generations"] == [] and report["requests"]["failed"] == 0
+        adopted = report["agent_adopted"][LEADER]
+        mains = {c: u["main_pid"] for c, u in evidence["before"]["processes"][LEADER].items()}
+        assert {c: int(p) for c, p in adopted.items()} == mains, "adopted pids differ from the running ranks"
+    if fault == "kill-gms":
+        assert LEADER in report["gms_restarted"]
+        assert all(report["gms_resident"].values()), "weights are not resident in every GMS server again"
+    if fault == "cut-node":
+        assert report["cut"]["up"] - report["cut"]["down"] >= 4.5
+
+
+def test_crash_loop_backoff(deployment: dict[str, Any]) -> None:
+    """A slot whose launch fails again and again is relaunched with growing delays, then given up (slot-dead);
+    serving goes on meanwhile; playbooks/failover.yml revives it once the cause is fixed."""
+    serving = int(lock_holder().rsplit("-", 1)[1])
+    parked = 1 - serving
+    dropin_dir = f"/etc/systemd/system/{UNIT}-engine@{parked}.service.d"
+    broken = f"{dropin_dir}/zz-test-broken.conf"
+    on("node1", "sh", "-c", f"printf '[Service]\\nExecStart=\\nExecStart=/bin/false\\n' > {broken}")
+    try:
+        on("node1", "systemctl", "daemon-reload")
+        t0 = time.time()
+        main_pid = on(LEADER, "systemctl", "show", "-p", "MainPID", "--value", f"{UNIT}-engine@{parked}").strip()
+        on(LEADER, "kill", "-KILL", main_pid)
+        dead = wait_for("slot-dead", lambda: [e for e in events(since=t0) if e["event"] == "slot-dead"
+                                              and e["cohort"] == parked], 120, interval=0.5)
+        scheduled = [e["detail"]["delay_s"] for e in events(since=t0)
+                     if e["event"] == "relaunch-scheduled" and e["cohort"] == parked]
+        growing = [d for d in scheduled if d > 0]
+        assert len(growing) >= 3 and growing == sorted(growing) and len(set(growing)) == len(growing), scheduled
+        assert dead[0]["detail"]["attempts"] > len(growing) - 1
+        assert lock_holder() == f"engine-{serving}" and completion_ok(), "serving was interrupted"
+    finally:
+        on("node1", "rm", "-f", broken)
+        on("node1", "systemctl", "daemon-reload")
+    proc = playbook("failover.yml", "-e", f"cohort={parked}")
+    assert proc.returncode == 0, f"failover.yml could not revive cohort {parked}:\n{tail(proc)}"
+    assert "revive" in proc.stdout
+    assert_whole()
+
+
+def test_failover_playbook(deployment: dict[str, Any]) -> None:
+    serving = int(lock_holder().rsplit("-", 1)[1])
+    before = [e for e in events() if e["event"] == "relaunch-complete" and e["cohort"] == serving]
+    check = playbook("failover.yml", "-e", f"cohort={serving}", "--check", "--diff")
+    assert check.returncode == 0, tail(check)
+    assert f"+cohort {serving}: generation" in check.stdout and "failed (planned-failover)" in check.stdout
+    assert lock_holder() == f"engine-{serving}", "check mode changed the serving cohort"
+
+    proc = playbook("failover.yml", "-e", f"cohort={serving}")
+    assert proc.returncode == 0, tail(proc)
+    assert lock_holder() == f"engine-{1 - serving}"
+    after = [e for e in events() if e["event"] == "relaunch-complete" and e["cohort"] == serving]
+    assert len(after) == len(before) + 1
+    gone = [e for e in events() if e["event"] == "teardown-requested" and e["cohort"] == serving
+            and e["detail"].get("reason") == "planned-failover"]
+    assert gone, "the agents did not tear the cohort down for the planned failover"
+    assert_whole()
