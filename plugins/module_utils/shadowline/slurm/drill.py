@@ -39,8 +39,8 @@ from typing import Any
 
 from .. import discovery
 from ..etcd_client import Etcd, EtcdError
+from ..events import read_events
 from .cohorts import leader_view
-from .events import read_events
 from .load import Load
 
 FAULTS = {
@@ -173,7 +173,7 @@ def drill(job_dir: str, fault: str, rate: float = 20.0, timeout: float = 60.0, s
     watcher.stop.set()
     time.sleep(settle)
     requests = load.stop()
-    events = [e for e in read_events(os.path.join(job_dir, "events.jsonl")) if e["unix"] >= fault_at - 0.5]
+    events = list(read_events(os.path.join(job_dir, "events.jsonl"), fault_at - 0.5))
     return report(fault, job, failed, step_id, fault_at, reports, watcher, requests, events, shadows)
 
 
@@ -186,7 +186,7 @@ def report(fault: str, job: dict[str, Any], failed: int, step_id: str, fault_at:
     gone = [r["all_gone"] for r in reports]
     teardown = max(gone) if all(gone) else None
     if fault.startswith("hang"):
-        detections = [e["detail"].get("detected") or e["unix"] for e in events
+        detections = [e["detail"].get("detected") or e["time"] for e in events
                       if e["event"] in ("watchdog-hang-detected",) and e["detail"].get("step_id") == step_id]
         detected = min(detections) if detections else None
     elif fault == "scancel-step":
@@ -199,7 +199,7 @@ def report(fault: str, job: dict[str, Any], failed: int, step_id: str, fault_at:
     failed_requests = [r for r in after_fault if not r.ok]
     first_failed = min((r.sent for r in failed_requests), default=fault_at)
     first_ok = min((r.ended for r in after_fault if r.ok and r.sent >= first_failed), default=None)
-    relaunched = next((e["unix"] for e in events if e["event"] == "relaunched" and e["cohort"] == failed), None)
+    relaunched = next((e["time"] for e in events if e["event"] == "relaunched" and e["cohort"] == failed), None)
     orphans: list[Any] = [{"node": r["node"], **left} for r in reports for left in r["left"]]
     try:
         regs = [r for r in discovery.registrations(Etcd(job["plan"]["infra"]["etcd_endpoints"], timeout=2.0))
@@ -223,6 +223,6 @@ def report(fault: str, job: dict[str, Any], failed: int, step_id: str, fault_at:
         "orphans": orphans,
         "relaunch_started_s": since(relaunched), "relaunch_s": since(watcher.parked),
         "nodes": reports,
-        "events": [{k: e[k] for k in ("unix", "node", "cohort", "generation", "event")} | {"detail": e["detail"]}
+        "events": [{k: e[k] for k in ("time", "node", "cohort", "generation", "event")} | {"detail": e["detail"]}
                    for e in events],
     }

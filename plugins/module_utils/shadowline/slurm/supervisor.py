@@ -38,12 +38,13 @@ from typing import Any
 
 from .. import discovery
 from ..etcd_client import Etcd, EtcdError
+from ..events import EventLog
+from ..model.fsutil import atomic_write_json
 from ..model.readiness import readiness_gate
 from ..waits import http_check, poll
 from ..watchdog import EVENT_PREFIX
 from .allocation import AllocationError, Node, allocation, concrete, read_spec
 from .cohorts import leader_state
-from .events import EventLog, write_json
 from .load import complete
 
 INFRA = ("gms", "etcd", "nats", "frontend")
@@ -182,7 +183,7 @@ class Supervisor:
         output_dir = os.environ.get("SL_OUTPUT_DIR") or os.environ.get("SLURM_SUBMIT_DIR") or os.getcwd()
         self.job_dir = os.path.join(output_dir, f"{name}-{self.job_id}")
         os.makedirs(os.path.join(self.job_dir, "steps"), exist_ok=True)
-        self.events = EventLog(os.path.join(self.job_dir, "events.jsonl"))
+        self.events = EventLog(os.path.join(self.job_dir, "events.jsonl"), self.host, echo=True, mode=0o644)
         print(f"shadowline: job directory {self.job_dir}", flush=True)
         self.export_nodes()
         expected = len(self.spec["plan"]["nodes"])
@@ -605,7 +606,7 @@ class Supervisor:
             self._write_job(state)
 
     def _write_job(self, state: str) -> None:
-        write_json(os.path.join(self.job_dir, "job.json"), {
+        atomic_write_json(os.path.join(self.job_dir, "job.json"), {
             "job_id": self.job_id, "job_name": os.environ.get("SLURM_JOB_NAME"), "state": state,
             "batch_host": self.host, "script": self.script, "job_dir": self.job_dir,
             "nodes": [{"name": n.name, "address": n.address} for n in self.nodes],
@@ -613,7 +614,7 @@ class Supervisor:
             "serving": self.serving, "node_dir": self.options["node_dir"], "python": sys.executable,
             "steps": {name: [s.record() for s in slot.history] for name, slot in self.slots.items()},
             "plan": self.plan,
-        })
+        }, durable=False)
 
 
 def _leader(plan: dict[str, Any], cohort: int) -> str:
