@@ -13,7 +13,6 @@ instance only, so other test directories of the same pytest session keep the def
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shlex
 import signal
@@ -22,7 +21,6 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +33,7 @@ from shadowline.contract import parse_contract
 from shadowline.plan import Plan, Process, build_plan
 from shadowline.units import unit_name
 from shadowline.waits import poll
+from testbed.pytest_fixtures import load_testbed  # launch.load_testbed: tests/e2e/test_drills.py uses it
 
 RUNTIME_PY = REPO / ".runtime" / "bin" / "python"
 TINY_MODEL = REPO / ".cache" / "models" / "tiny-llama"  # `make runtime`'s: 6.3 MB of weights
@@ -44,31 +43,6 @@ SIZED_MODEL = REPO / ".cache" / "models" / "tiny-llama-l4h512"
 SIZED_MODEL_ARGS = ("--layers", "4", "--hidden", "512")
 INSTANCE = os.environ.get("SHADOWLINE_E2E_TESTBED", "1")
 Check = Callable[[], str | None]  # a readiness check: None when ready, else what it saw
-
-
-def load_testbed(instance: str) -> ModuleType:
-    """testbed/testbed.py bound to one testbed instance, as a module of its own."""
-    name = f"_shadowline_testbed_{instance}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "testbed" / "testbed.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    saved = os.environ.get("SHADOWLINE_TESTBED")
-    os.environ["SHADOWLINE_TESTBED"] = instance
-    sys.modules[name] = module  # dataclasses look their module up while the file runs
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    finally:
-        if saved is None:
-            del os.environ["SHADOWLINE_TESTBED"]
-        else:
-            os.environ["SHADOWLINE_TESTBED"] = saved
-    return module
-
 
 tb = load_testbed(INSTANCE)
 

@@ -25,7 +25,6 @@ In order (later tests build on the models staged by earlier ones):
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -37,11 +36,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Iterator
 
 import pytest
 from modelkit import make_model
+
+from testbed.pytest_fixtures import load_testbed
 
 REPO = Path(__file__).resolve().parents[2]
 INSTANCE = "2"
@@ -65,32 +65,8 @@ TABLE_ROW = re.compile(r'^\s*"(?P<host>node\d)\s+(?P<status>\w+)\s+(?P<revision>
 FIGURES: list[str] = []
 
 
-def load_testbed(instance: str) -> ModuleType:
-    """testbed/testbed.py bound to one instance, as a module of its own (``testbed.testbed`` is left alone)."""
-    name = f"_shadowline_testbed_{instance}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "testbed" / "testbed.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    saved = os.environ.get("SHADOWLINE_TESTBED")
-    os.environ["SHADOWLINE_TESTBED"] = instance
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    finally:
-        if saved is None:
-            del os.environ["SHADOWLINE_TESTBED"]
-        else:
-            os.environ["SHADOWLINE_TESTBED"] = saved
-    assert module.INSTANCE == int(instance)
-    return module
-
-
-tb = load_testbed(INSTANCE)
+tb = load_testbed(INSTANCE)  # testbed/testbed.py bound to instance 2 only; testbed.testbed is left alone
+assert tb.INSTANCE == int(INSTANCE)
 INVENTORY = tb.INVENTORY.parent  # .testbed-2/inventory (hosts.yml and the group_vars link)
 ADDRESS = {f"node{i}": f"{tb.PREFIX}.{10 + i}" for i in range(3)}
 

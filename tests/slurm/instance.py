@@ -8,41 +8,12 @@ as a module of its own with ``SHADOWLINE_TESTBED=3`` (198.18.3.0/24, namespaces 
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-from pathlib import Path
-from types import ModuleType
+from testbed.pytest_fixtures import load_testbed
 
 INSTANCE = "3"
-REPO = Path(__file__).resolve().parents[2]
-
-
-def load_testbed(instance: str) -> ModuleType:
-    name = f"_shadowline_testbed_{instance}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "testbed" / "testbed.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    saved = os.environ.get("SHADOWLINE_TESTBED")
-    os.environ["SHADOWLINE_TESTBED"] = instance
-    sys.modules[name] = module  # dataclasses look their module up while the file runs
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    finally:
-        if saved is None:
-            del os.environ["SHADOWLINE_TESTBED"]
-        else:
-            os.environ["SHADOWLINE_TESTBED"] = saved
-    assert module.INSTANCE == int(instance) and module.PREFIX == f"198.18.{instance}"
-    return module
-
 
 tb = load_testbed(INSTANCE)
+assert tb.INSTANCE == int(INSTANCE) and tb.PREFIX == f"198.18.{INSTANCE}"
 
 
 def get_testbed(nodes: int = 2, slurm: bool = True):
