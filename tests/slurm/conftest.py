@@ -57,6 +57,18 @@ def tiny_model() -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def infra(runtime, tmp_path_factory):
+    """etcd, NATS and the real dynamo.frontend on loopback, one set per test module; killed at its end."""
+    workdir = tmp_path_factory.mktemp("infra")
+    procs = harness.Procs(workdir)
+    try:
+        yield harness.start_infra(procs, workdir)
+    finally:
+        procs.kill_all()
+        assert not procs.leftovers()
+
+
 @pytest.fixture
 def procs(request, tmp_path):
     """Processes of one test; every process group is killed afterwards, pass or fail."""

@@ -1,86 +1,13 @@
-"""Loopback helpers of the tests/slurm unit tests: a real etcd (and, for discovery, NATS + frontend + workers).
+"""Loopback helpers of the tests/slurm unit tests: free port runs and a one-node cohort plan on 127.0.0.1.
 
-Everything listens on 127.0.0.1 on free ports, in its own session, and is killed (whole process group)
-when the fixture ends.
+Free ports, bounded waits and a local etcd are tests/loopback.py's.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import socket
-import subprocess
-import time
-import urllib.request
-from dataclasses import dataclass
-from pathlib import Path
 
-HOST = "127.0.0.1"
-ETCD = shutil.which("etcd") or "/usr/bin/etcd"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def wait_until(fn, timeout: float, interval: float = 0.02, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
-
-
-def http_status(url: str, timeout: float = 1.0) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return 0
-
-
-@dataclass
-class LocalEtcd:
-    url: str
-    process: subprocess.Popen
-    data_dir: Path
-
-    def stop(self) -> None:
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                pass
-        self.process.wait(10)
-
-
-def start_etcd(workdir: Path) -> LocalEtcd:
-    client, peer = free_port(), free_port()
-    data = workdir / "etcd"
-    log = open(workdir / "etcd.log", "wb")
-    with log:
-        proc = subprocess.Popen([
-            ETCD, "--name", "slurm-test", "--data-dir", str(data),
-            "--listen-client-urls", f"http://{HOST}:{client}", "--advertise-client-urls", f"http://{HOST}:{client}",
-            "--listen-peer-urls", f"http://{HOST}:{peer}", "--initial-advertise-peer-urls", f"http://{HOST}:{peer}",
-            "--initial-cluster", f"slurm-test=http://{HOST}:{peer}",
-        ], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-    etcd = LocalEtcd(f"http://{HOST}:{client}", proc, data)
-    try:
-        wait_until(lambda: http_status(f"{etcd.url}/health") == 200, 20, what="etcd /health")
-    except AssertionError:
-        etcd.stop()
-        raise
-    return etcd
+from ..loopback import HOST, start_etcd  # noqa: F401  (start_etcd: tests/unit/test_coordination.py imports it from here)
 
 
 def free_port_run(count: int, low: int = 20000, high: int = 28999) -> int:

@@ -28,17 +28,6 @@ MODEL = "tiny"
 GPU = "GPU-5c1e7d2a-0000-4000-8000-0000000000a1"
 
 
-@pytest.fixture(scope="module")
-def infra(runtime, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("discovery-infra")
-    procs = harness.Procs(workdir)
-    try:
-        yield harness.start_infra(procs, workdir)
-    finally:
-        procs.kill_all()
-        assert not procs.leftovers()
-
-
 def mocker(procs, infra, name: str, model_dir, system_port: int) -> harness.Proc:
     env = harness.dynamo_env(infra, DYN_SYSTEM_PORT=str(system_port),
                              DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS='["generate"]')

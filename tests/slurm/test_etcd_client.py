@@ -9,7 +9,7 @@ import pytest
 
 from shadowline.etcd_client import KV, Etcd, EtcdError, Event, prefix_end
 
-from .local_infra import free_port, start_etcd
+from ..loopback import free_port, start_etcd
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from shadowline.etcd_client import Etcd
 from shadowline.watchdog import EVENT_PREFIX, HANG_EXIT
 
 from ..standin import harness
-from .local_infra import free_port, wait_until
+from ..loopback import free_port, wait_until
 
 LIB = Path(__file__).resolve().parents[2] / "plugins" / "module_utils"
 GPUS = ["GPU-7a1b2c3d-0000-4000-8000-0000000000b0", "GPU-7a1b2c3d-0000-4000-8000-0000000000b1"]
@@ -135,17 +135,6 @@ def test_term_grace_0_kills_at_once_and_sigint_still_stops_in_order(tmp_path):
     proc.communicate(timeout=20)
     assert proc.returncode == 0  # forwarded: the fake leader exits 0 on SIGTERM/SIGINT handling
     assert not alive(sub)
-
-
-@pytest.fixture(scope="module")
-def infra(runtime, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("watchdog-infra")
-    procs = harness.Procs(workdir)
-    try:
-        yield harness.start_infra(procs, workdir)
-    finally:
-        procs.kill_all()
-        assert not procs.leftovers()
 
 
 def children(pid: int) -> list[int]:

@@ -20,15 +20,15 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME_PY = REPO / ".runtime" / "bin" / "python"
 LIB = REPO / "plugins" / "module_utils"
-if str(LIB) not in sys.path:
-    sys.path.insert(0, str(LIB))
+for _path in (REPO, LIB):  # measure_failover.py imports this file as the top-level module ``harness``
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
-HOST = "127.0.0.1"
+from tests.loopback import HOST, etcd_argv, free_port, wait_healthy, wait_until  # noqa: E402  (harness.free_port ...)
 
 
 def ensure_runtime() -> Path:
@@ -42,23 +42,6 @@ def make_model(directory: Path, *extra: str) -> Path:
     subprocess.run([str(RUNTIME_PY), str(REPO / "scripts" / "make-tiny-model"), str(directory), *extra],
                    check=True, capture_output=True)
     return directory
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def wait_until(fn: Callable[[], object], timeout: float, interval: float = 0.02, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 @dataclass
@@ -198,19 +181,15 @@ def start_infra(procs: Procs, workdir: Path) -> Infra:
     missing = [tool for tool in ("etcd", "nats-server") if not shutil.which(tool)]
     assert not missing, (f"{', '.join(missing)} not installed: run scripts/setup-system "
                          "(or apt-get install -y etcd-server etcd-client nats-server)")
-    ec, ep, ns, fe = free_port(), free_port(), free_port(), free_port()
+    ns, fe = free_port(), free_port()
     home = workdir / "home"
     home.mkdir(parents=True, exist_ok=True)
-    etcd = procs.start("etcd", [
-        "etcd", "--name", "standin-test", "--data-dir", str(workdir / "etcd"),
-        "--listen-client-urls", f"http://{HOST}:{ec}", "--advertise-client-urls", f"http://{HOST}:{ec}",
-        "--listen-peer-urls", f"http://{HOST}:{ep}", "--initial-advertise-peer-urls", f"http://{HOST}:{ep}",
-        "--initial-cluster", f"standin-test=http://{HOST}:{ep}",
-    ], {"PATH": os.environ["PATH"]})
+    etcd_cmd, etcd_url = etcd_argv("standin-test", workdir / "etcd")
+    etcd = procs.start("etcd", etcd_cmd, {"PATH": os.environ["PATH"]})
     nats = procs.start("nats", ["nats-server", "-js", "-a", HOST, "-p", str(ns), "--store_dir", str(workdir / "nats")],
                        {"PATH": os.environ["PATH"]})
-    infra = Infra(f"http://{HOST}:{ec}", f"nats://{HOST}:{ns}", f"http://{HOST}:{fe}", home)
-    wait_until(lambda: http("GET", f"{infra.etcd}/health", timeout=1)[0] == 200, 20, what="etcd")
+    infra = Infra(etcd_url, f"nats://{HOST}:{ns}", f"http://{HOST}:{fe}", home)
+    wait_healthy(infra.etcd)
     wait_until(lambda: _connects(HOST, ns), 20, what="nats")
     procs.start("frontend", [str(RUNTIME_PY), "-m", "dynamo.frontend", "--http-host", HOST, "--http-port", str(fe)],
                 dynamo_env(infra))

@@ -1,0 +1,98 @@
+"""Loopback helpers shared by the stand-in, Slurm and library tests: free ports, a bounded wait, a local etcd.
+
+Everything listens on 127.0.0.1. ``start_etcd`` runs etcd in its own session and ``LocalEtcd.stop`` kills its
+whole process group; tests that track processes themselves (tests/standin/harness.py's ``Procs``) start
+``etcd_argv`` their own way and wait with ``wait_healthy``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TypeVar
+
+HOST = "127.0.0.1"
+ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def wait_until(fn: Callable[[], T], timeout: float, interval: float = 0.02, what: str = "condition") -> T:
+    """``fn()``'s first truthy value, polled every ``interval`` s; AssertionError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def http_status(url: str, timeout: float = 1.0) -> int:
+    """The HTTP status of a GET, 0 when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (loopback test URLs)
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+def etcd_argv(name: str, data_dir: Path) -> tuple[list[str], str]:
+    """The command of a one-member etcd on two free loopback ports, and its client URL."""
+    client, peer = free_port(), free_port()
+    return [
+        ETCD, "--name", name, "--data-dir", str(data_dir),
+        "--listen-client-urls", f"http://{HOST}:{client}", "--advertise-client-urls", f"http://{HOST}:{client}",
+        "--listen-peer-urls", f"http://{HOST}:{peer}", "--initial-advertise-peer-urls", f"http://{HOST}:{peer}",
+        "--initial-cluster", f"{name}=http://{HOST}:{peer}",
+    ], f"http://{HOST}:{client}"
+
+
+def wait_healthy(url: str, timeout: float = 20, what: str = "etcd") -> None:
+    wait_until(lambda: http_status(f"{url}/health") == 200, timeout, what=f"{what} /health")
+
+
+@dataclass
+class LocalEtcd:
+    url: str
+    process: subprocess.Popen
+    data_dir: Path
+
+    def stop(self) -> None:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                pass
+        self.process.wait(10)
+
+
+def start_etcd(workdir: Path, name: str = "slurm-test") -> LocalEtcd:
+    """A fresh etcd with its data and log (``etcd.log``) under ``workdir``, healthy when this returns."""
+    argv, url = etcd_argv(name, workdir / "etcd")
+    with open(workdir / "etcd.log", "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    etcd = LocalEtcd(url, proc, workdir / "etcd")
+    try:
+        wait_healthy(url)
+    except AssertionError:
+        etcd.stop()
+        raise
+    return etcd
