@@ -198,6 +198,11 @@ def test_drill(deployment: dict[str, Any], reports: Path, fault: str) -> None:
         assert report["promoted_cohort"] is not None
         assert f"engine-{report['promoted_cohort']}" == report["serving_after"] != report["serving_before"]
         assert report["relaunch_s"] is not None and report["first_ok_s"] is not None
+        # the promotion is verified (active, registered, a completion through the frontend) after the lock
+        assert report["lock_s"] is not None and report["lock_s"] <= report["promote_s"]
+    if fault in ("kill-leader", "kill-worker"):
+        # the dead cohort stays in discovery until its successor registered: the frontend keeps the model
+        assert report["failed_after_promotion"] == 0, report["requests"]
     if fault in ("hang-leader",):
         assert report["detect_reason"] in ("leader-hung", "collective-stalled")
     if fault == "hang-worker":
@@ -235,9 +240,14 @@ def test_crash_loop_backoff(deployment: dict[str, Any]) -> None:
         on(LEADER, "kill", "-KILL", main_pid)
         dead = wait_for("slot-dead", lambda: [e for e in events(since=t0) if e["event"] == "slot-dead"
                                               and e["cohort"] == parked], 120, interval=0.5)
-        scheduled = [e["detail"]["delay_s"] for e in events(since=t0)
-                     if e["event"] == "relaunch-scheduled" and e["cohort"] == parked]
+        log = [e for e in events(since=t0) if e["cohort"] == parked]
+        scheduled = [e["detail"]["delay_s"] for e in log if e["event"] == "relaunch-scheduled"]
         growing = [d for d in scheduled if d > 0]
+        # each failed launch is declared as soon as systemd says so, not after a start timeout
+        for e in (e for e in log if e["event"] == "relaunch-scheduled"):
+            declared = next(d for d in events("node1", since=t0) if d["event"] == "failure-declared"
+                            and (d["cohort"], d["generation"]) == (parked, e["generation"]))
+            assert declared["time"] - e["time"] < e["detail"]["delay_s"] + 5, (e, declared)
         assert len(growing) >= 3 and growing == sorted(growing) and len(set(growing)) == len(growing), scheduled
         assert dead[0]["detail"]["attempts"] > len(growing) - 1
         assert lock_holder() == f"engine-{serving}" and completion_ok(), "serving was interrupted"
@@ -247,6 +257,32 @@ def test_crash_loop_backoff(deployment: dict[str, Any]) -> None:
     proc = playbook("failover.yml", "-e", f"cohort={parked}")
     assert proc.returncode == 0, f"failover.yml could not revive cohort {parked}:\n{tail(proc)}"
     assert "revive" in proc.stdout
+    assert_whole()
+
+
+def test_slow_start_is_not_a_hang(deployment: dict[str, Any]) -> None:
+    """A relaunched shadow whose ranks load longer than the hang thresholds (no heartbeat, /health 503, like a
+    big model on vLLM) is left to load and parks, instead of being declared hung by its start grace."""
+    serving = int(lock_holder().rsplit("-", 1)[1])
+    parked = 1 - serving
+    slow = f"/etc/systemd/system/{UNIT}-engine@{parked}.service.d/zz-test-slow.conf"
+    for host in ("node0", "node1", "node2"):
+        on(host, "sh", "-c", f"printf '[Service]\\nEnvironment=SHADOWLINE_STANDIN_LOAD_DELAY=8\\n' > {slow} "
+                             "&& systemctl daemon-reload")
+    try:
+        t0 = time.time()
+        main_pid = on(LEADER, "systemctl", "show", "-p", "MainPID", "--value", f"{UNIT}-engine@{parked}").strip()
+        on(LEADER, "kill", "-KILL", main_pid)
+        done = wait_for("the slow shadow parked again", lambda: [
+            e for e in events(since=t0) if e["event"] == "relaunch-complete" and e["cohort"] == parked], 90,
+            interval=0.5)[0]
+        assert done["time"] - t0 >= 8, "the relaunched ranks did not load slowly"
+        declared = [e for e in events(since=t0) if e["event"] == "failure-declared" and e["cohort"] == parked]
+        assert [e["generation"] for e in declared] == [done["generation"] - 1], declared
+        assert lock_holder() == f"engine-{serving}" and completion_ok(), "serving was interrupted"
+    finally:
+        for host in ("node0", "node1", "node2"):
+            on(host, "sh", "-c", f"rm -f {slow} && systemctl daemon-reload")
     assert_whole()
 
 
@@ -266,4 +302,6 @@ def test_failover_playbook(deployment: dict[str, Any]) -> None:
     gone = [e for e in events() if e["event"] == "teardown-requested" and e["cohort"] == serving
             and e["detail"].get("reason") == "planned-failover"]
     assert gone, "the agents did not tear the cohort down for the planned failover"
+    graceful = [e for e in events() if e["event"] == "ranks-terminating" and e["cohort"] == serving]
+    assert graceful and graceful[-1]["detail"]["grace_s"] == 5.0, "a planned failover must SIGTERM first"
     assert_whole()

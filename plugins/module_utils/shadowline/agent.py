@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -31,18 +31,23 @@ from .agent_metrics import AgentMetrics
 from .cohort_state import http_get, lock_holder
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Slot
 from .discovery import cohort_registrations, listening_ports, revoke_leases
+from .drill.load import Request, completion_body, send
 from .etcd_client import Etcd, EtcdError
 from .events import EventLog
 from .failover_metrics import engine_failover_view
 from .lock import parse_holder
-from .proc import alive, cgroup_pids, pidfd_open, systemctl, terminate_cgroup, unit_cgroup
+from .proc import (alive, cgroup_pids, kill_cgroup, monotonic_to_unix, pidfd_open, systemctl, terminate_cgroup,
+                   unit_properties)
 from .standin.settings import heartbeat_path
 from .units import unit_name
 
 TICK_S = 0.05  # how often the loop looks at the lock and heartbeats when nothing wakes it
 CHECK_S = 0.2  # how often it asks leaders' /health and (driver) re-reads the slots
 SYNC_S = 1.0  # how often it re-reads the slots even without a watch event
-LAUNCH_TIMEOUT_S = 300.0
+LAUNCH_TIMEOUT_S = 300.0  # a launched generation whose leader never gets healthy is declared failed
+START_JOB_S = 30.0  # a unit start job that has not made the unit active by then has failed
+PROMOTION_TIMEOUT_S = 60.0  # lock taken -> active, registered and serving through the frontend
+REVOKE_DEFER_MAX_S = 10.0  # longest the serving cohort's registration is kept while its successor wakes
 
 
 @dataclass
@@ -54,8 +59,33 @@ class LocalRank:
     pidfd: int | None
     cgroup: str | None
     leader: bool
-    started: float
+    started: float  # when systemd started the rank's main process (unix time)
+    healthy_seen: bool = False  # the leader's /health answered 200 once: from now on silence means hung
+    heartbeat_seen: bool = False  # the collective heartbeat moved after the start: from now on a stall counts
     unhealthy_since: float | None = None
+
+
+@dataclass
+class Teardown:
+    """A rank sent SIGTERM, waiting for its grace to end (a planned failover lets engines drain)."""
+    rank: LocalRank
+    since: float  # the declaration, the base of the teardown time
+    kill_at: float
+
+
+@dataclass
+class Promotion:
+    """A cohort that took the failover lock, until the driver has verified that it serves."""
+    cohort: int
+    generation: int
+    previous: str | None  # the holder before it
+    lock_at: float
+    deadline: float
+    active_at: float | None = None  # its failover state metric says active
+    leases: list[int] = field(default_factory=list)  # its discovery registration
+    registered_at: float | None = None
+    completion: Request | None = None  # the last verification request through the frontend
+    probing: bool = False
 
 
 class Agent:
@@ -74,10 +104,12 @@ class Agent:
         self.confirmed: set[tuple[int, int]] = set()  # (cohort, generation) whose gone-ness this agent recorded
         self.detected_at: dict[tuple[int, int], float] = {}  # (cohort, generation) -> when its failure was declared
         self.launched_at: dict[tuple[int, int], float] = {}  # (cohort, generation) -> when the driver saw it launch
-        self.starting: dict[int, tuple[int, float]] = {}  # cohort -> (generation, deadline) being started here
+        self.starting: dict[int, tuple[int, float]] = {}  # cohort -> (generation, when) being started here
+        self.terminating: dict[int, Teardown] = {}  # cohort -> a rank in its SIGTERM grace
         self.registered: dict[int, list[int]] = {}  # cohort -> discovery leases of its serving worker (driver)
-        self.registering: dict[int, float] = {}  # cohort -> until when to look for its registration (driver)
         self.revoked: set[tuple[int, int]] = set()  # (cohort, generation) whose registration the driver revoked
+        self.promotion: Promotion | None = None  # the lock's new holder until its serving is verified (driver)
+        self.serving: int | None = None  # the cohort last verified serving (driver)
         self.holder: str | None = None  # the live lock holder, engine-<id>
         self.last_holder: str | None = None  # the holder before it, for promotion timing
         self.gms_pidfd: int | None = None
@@ -106,18 +138,20 @@ class Agent:
                 self.on_rank_exit(cohort, now)
             if self.starting:
                 self.track_starting(now)
+            if self.terminating:
+                self.finish_teardowns(now)
             changed = self.drain_changes()
             if changed or now >= self.next_sync:
                 self.next_sync = now + SYNC_S
                 self.reconcile(now)
             if changed or now >= self.next_check:
-                self.next_check = now + CHECK_S
+                self.next_check = now + (TICK_S if self.promotion else CHECK_S)  # a promotion: verify it closely
                 self.track_gms()
                 self.check_health(now)
                 if self.is_driver:
                     self.drive(now)
             elif self.is_driver:
-                self.verify_promotion(now)
+                self.watch_lock(now)
             self.keepalive(now)
         self.events.write("agent-stopped")
 
@@ -137,8 +171,7 @@ class Agent:
     def track_gms(self) -> None:
         if self.gms_pidfd is not None:
             return
-        show = systemctl("show", unit_name(self.plan, "gms"), "--property=MainPID,ActiveState").stdout
-        props = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
+        props = unit_properties(unit_name(self.plan, "gms"), "MainPID", "ActiveState")
         pid = int(props.get("MainPID", "0") or 0)
         if props.get("ActiveState") == "active" and pid:
             self.gms_pidfd = pidfd_open(pid)
@@ -207,6 +240,9 @@ class Agent:
     def adopt(self) -> None:
         """Take over ranks that already run (after an agent restart, or started by the engine role)."""
         slots = self.coord.slots()
+        if self.is_driver:
+            active = self.coord.active()
+            self.serving = int(active["cohort"]) if active else None
         for cohort in self.plan["cohorts"]:
             c = cohort["cohort"]
             slot = slots.get(c, (None, 0))[0]
@@ -214,6 +250,8 @@ class Agent:
             rank = self.track(c, generation)
             if rank is None:
                 continue
+            if slot is not None and slot.state == RUNNING:  # it was healthy before this agent started
+                rank.healthy_seen = rank.heartbeat_seen = True
             if self.is_driver and slot is None:
                 self.coord.create_slot(Slot(cohort=c, generation=generation, state=RUNNING))
         if self.is_driver:
@@ -224,8 +262,7 @@ class Agent:
 
     def track(self, cohort: int, generation: int) -> LocalRank | None:
         unit = unit_name(self.plan, "engine", cohort)
-        show = systemctl("show", unit, "--property=MainPID,ActiveState").stdout
-        props = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
+        props = unit_properties(unit, "MainPID", "ActiveState", "ControlGroup", "ExecMainStartTimestampMonotonic")
         pid = int(props.get("MainPID", "0") or 0)
         if props.get("ActiveState") != "active" or not pid:
             self.ranks.pop(cohort, None)
@@ -234,8 +271,9 @@ class Agent:
         if pidfd is None:  # exited between systemctl's answer and now: the unit is about to be inactive
             self.ranks.pop(cohort, None)
             return None
+        started = monotonic_to_unix(props.get("ExecMainStartTimestampMonotonic", "0")) or time.time()
         rank = LocalRank(cohort=cohort, generation=generation, unit=unit, pid=pid, pidfd=pidfd,
-                         cgroup=unit_cgroup(unit), leader=self.node_rank == 0, started=time.time())
+                         cgroup=props.get("ControlGroup") or None, leader=self.node_rank == 0, started=started)
         self.ranks[cohort] = rank
         return rank
 
@@ -261,21 +299,42 @@ class Agent:
             self.metrics.count("detections_total", reason)
             self.events.write("failure-declared", cohort, generation, reason=reason)
 
-    def tear_down(self, rank: LocalRank, now: float) -> None:
-        """Kill every process of the rank (its unit's cgroup), confirm, and record it in etcd."""
-        grace = float(self.failover["term_grace_s"])
-        gone = terminate_cgroup(rank.cgroup, grace) if rank.cgroup else not alive(rank.pid)
+    def tear_down(self, rank: LocalRank, since: float, grace: float | None = None) -> None:
+        """Kill every process of the rank (its unit's cgroup), confirm, and record it in etcd. With a grace
+        (a planned failover), SIGTERM now and SIGKILL whatever is left when it ends, without blocking the loop."""
+        grace = float(self.failover["term_grace_s"]) if grace is None else grace
+        self.ranks.pop(rank.cohort, None)
+        if grace > 0 and rank.cgroup:
+            kill_cgroup(rank.cgroup, signal.SIGTERM)
+            self.terminating[rank.cohort] = Teardown(rank=rank, since=since, kill_at=time.time() + grace)
+            self.events.write("ranks-terminating", rank.cohort, rank.generation, grace_s=grace)
+            return
+        self.finish_teardown(rank, since)
+
+    def finish_teardowns(self, now: float) -> None:
+        for cohort, teardown in list(self.terminating.items()):
+            if teardown.rank.cgroup and cgroup_pids(teardown.rank.cgroup) and now < teardown.kill_at:
+                continue
+            del self.terminating[cohort]
+            self.finish_teardown(teardown.rank, teardown.since)
+
+    def finish_teardown(self, rank: LocalRank, since: float) -> None:
+        gone = terminate_cgroup(rank.cgroup, 0.0) if rank.cgroup else not alive(rank.pid)
         done = time.time()
         if rank.pidfd is not None:
             os.close(rank.pidfd)
             rank.pidfd = None
-        self.ranks.pop(rank.cohort, None)
         if gone:
             self.confirm(rank.cohort, rank.generation, done)
         systemctl("stop", "--no-block", rank.unit)  # settle the unit; its processes are already gone
         self.metrics.count("teardowns_total")
-        self.events.write("ranks-gone" if gone else "ranks-not-gone", rank.cohort, rank.generation,
-                          seconds=round(done - now, 4))
+        self.events.write("ranks-gone" if gone else "ranks-not-gone", rank.cohort, rank.generation, when=done,
+                          seconds=round(done - since, 4))
+
+    def teardown_grace(self, slot: Slot) -> float:
+        """A planned failover lets the engines drain (SIGTERM, planned_grace_s); a failure kills at once."""
+        key = "planned_grace_s" if slot.reason == "planned-failover" else "term_grace_s"
+        return float(self.failover[key])
 
     def confirm(self, cohort: int, generation: int, when: float) -> None:
         if (cohort, generation) in self.confirmed:
@@ -291,24 +350,39 @@ class Agent:
         unit = unit_name(self.plan, "engine", cohort)
         systemctl("reset-failed", unit)
         systemctl("start", "--no-block", unit)
-        self.starting[cohort] = (generation, now + 30.0)
+        self.starting[cohort] = (generation, now)
 
     def track_starting(self, now: float) -> None:
-        for cohort, (generation, deadline) in list(self.starting.items()):
+        for cohort, (generation, since) in list(self.starting.items()):
             rank = self.track(cohort, generation)
-            if rank is None and now < deadline:
-                continue
-            del self.starting[cohort]
             if rank is None:
+                failure = self.start_failure(cohort, since, now)
+                if failure is None:
+                    continue  # the start job is still queued or running
+                del self.starting[cohort]
                 status = systemctl("status", "--no-pager", "-n", "5", unit_name(self.plan, "engine", cohort))
-                self.events.write("launch-failed", cohort, generation, status=status.stdout.strip()[-400:])
+                self.events.write("launch-failed", cohort, generation, failure=failure,
+                                  status=status.stdout.strip()[-400:])
                 self.declare(cohort, generation, "launch-failed", now)
                 continue
+            del self.starting[cohort]
             self.metrics.count("relaunches_total")
             detected = self.detected_at.get((cohort, generation - 1))
             if detected:
                 self.metrics.observe("relaunch_seconds", now - detected)
             self.events.write("rank-launched", cohort, generation, pid=rank.pid)
+
+    def start_failure(self, cohort: int, since: float, now: float) -> str | None:
+        """Why a unit this agent started is not running, as soon as systemd says so; None while it starts."""
+        props = unit_properties(unit_name(self.plan, "engine", cohort), "ActiveState", "SubState", "Result")
+        state = props.get("ActiveState", "unknown")
+        if state == "failed":
+            return f"the unit failed ({props.get('Result', '?')})"
+        if state in ("inactive", "deactivating") and now - since > 2.0:
+            return f"the unit is {state}: its start job did not run or it exited at once"
+        if now - since > START_JOB_S:
+            return f"the unit is still {state}/{props.get('SubState', '?')} after {START_JOB_S:.0f} s"
+        return None
 
     # --- what the slots say ------------------------------------------------------------------------------------
     def reconcile(self, now: float) -> None:
@@ -318,20 +392,21 @@ class Agent:
         except EtcdError:
             return
         for cohort, (slot, _revision) in slots.items():
+            self.abandon_stale_start(cohort, slot)
             rank = self.ranks.get(cohort)
             if slot.state in (FAILED, DEAD):
                 if rank is not None and rank.generation <= slot.generation:
                     self.events.write("teardown-requested", cohort, slot.generation, reason=slot.reason,
                                       by=slot.detected_by)
                     self.detected_at.setdefault((cohort, slot.generation), slot.since)
-                    self.tear_down(rank, slot.since)
-                elif slot.state == FAILED:
+                    self.tear_down(rank, slot.since, self.teardown_grace(slot))
+                elif slot.state == FAILED and cohort not in self.terminating:
                     self.confirm(cohort, slot.generation, now)
             elif slot.state in (LAUNCHING, RUNNING):
                 if rank is not None and rank.generation < slot.generation:
                     self.tear_down(rank, now)  # a leftover of an older generation
                     rank = None
-                if rank is None and cohort in self.starting:
+                if rank is None and (cohort in self.starting or cohort in self.terminating):
                     continue
                 if rank is None and now >= slot.not_before:
                     self.detected_at.setdefault((cohort, slot.generation - 1), slot.since)
@@ -339,15 +414,30 @@ class Agent:
                 elif rank is None:
                     self.next_sync = min(self.next_sync, slot.not_before)  # wake for the delayed launch
 
+    def abandon_stale_start(self, cohort: int, slot: Slot) -> None:
+        """A start this agent began for a generation that failed or was superseded meanwhile: stop it, so that
+        the slot's record and this node agree (and a newer generation is not held up by it)."""
+        start = self.starting.get(cohort)
+        if start is None:
+            return
+        generation = start[0]
+        if generation >= slot.generation and not (slot.state in (FAILED, DEAD) and generation == slot.generation):
+            return
+        del self.starting[cohort]
+        systemctl("stop", unit_name(self.plan, "engine", cohort))
+        self.events.write("launch-abandoned", cohort, generation, slot_generation=slot.generation,
+                          slot_state=slot.state)
+
     # --- health -----------------------------------------------------------------------------------------------
     def check_health(self, now: float) -> None:
-        """Hung leaders (no /health answer) and stalled collectives (no heartbeat progress)."""
+        """Hung leaders (no /health answer) and stalled collectives (no heartbeat progress). A rank is only
+        judged once it has been healthy (leader) or its heartbeat has moved (every rank) since its start: weight
+        loading takes as long as it takes; a start that never ends is the driver's launch timeout."""
         for rank in list(self.ranks.values()):
-            if now - rank.started < self.failover["heartbeat_stall_s"] * 2:
-                continue  # still starting: rendezvous and weight loading
-            reason = self.hang_reason(rank, now)
+            reason = self.hang_reason(rank)
             if not reason:
                 continue
+            now = time.time()  # after the probe: a health check may have waited for its timeout
             self.declare(rank.cohort, rank.generation, reason, now)
             if reason == "collective-stalled" and self.isolated(now):
                 # Fence: cut off from etcd AND from this cohort's peers (its collective stalled), so the other
@@ -356,38 +446,47 @@ class Agent:
                 self.events.write("fenced", rank.cohort, rank.generation, isolated_s=round(now - self.etcd_lost_since, 3))
                 self.tear_down(rank, now)
 
-    def hang_reason(self, rank: LocalRank, now: float) -> str | None:
-        stall = self.failover["heartbeat_stall_s"]
+    def hang_reason(self, rank: LocalRank) -> str | None:
         if self.plan["backend"] == "standin":
             path = heartbeat_path(str(rank.cohort), self.node_rank, os.path.dirname(self.plan["lock_path"]))
             try:
-                if now - os.stat(path).st_mtime > stall:
-                    return "collective-stalled"
+                beat = os.stat(path).st_mtime
             except FileNotFoundError:
-                pass
+                beat = None
+            if beat is not None and beat >= rank.started:
+                rank.heartbeat_seen = True  # a beat of this process, not a leftover of an earlier generation
+            if rank.heartbeat_seen and beat is not None and time.time() - beat > self.failover["heartbeat_stall_s"]:
+                return "collective-stalled"
         if not rank.leader:
             return None
-        env = self.plan["cohorts"][rank.cohort]["ranks"][0]["process"]["env"]
         timeout = float(self.failover["health_timeout_s"])
-        answer = http_get(f"http://{env['DYN_SYSTEM_HOST']}:{env['DYN_SYSTEM_PORT']}/health", min(timeout, 0.5))
+        asked = time.time()
+        answer = http_get(f"{self.system_url(rank.cohort)}/health", min(timeout, 0.5))
         if answer is not None and answer[0] == 200:
+            rank.healthy_seen = True
             rank.unhealthy_since = None
             return None
-        rank.unhealthy_since = rank.unhealthy_since or now
-        return "leader-hung" if now - rank.unhealthy_since >= timeout else None
+        if not rank.healthy_seen:
+            return None  # still loading (vLLM answers 503 until then)
+        rank.unhealthy_since = rank.unhealthy_since or asked
+        return "leader-hung" if time.time() - rank.unhealthy_since >= timeout else None
+
+    def system_url(self, cohort: int) -> str:
+        env = self.plan["cohorts"][cohort]["ranks"][0]["process"]["env"]
+        return f"http://{env['DYN_SYSTEM_HOST']}:{env['DYN_SYSTEM_PORT']}"
 
     # --- the driver (leader node): promotion and relaunch --------------------------------------------------------
     def drive(self, now: float) -> None:
-        self.verify_promotion(now)
-        self.learn_registrations(now)
+        self.watch_lock(now)
         self.republish_weights()
         try:
             slots = self.coord.slots()
         except EtcdError:
             return
+        self.verify_promotion(slots)
         for cohort, (slot, revision) in slots.items():
             if slot.state == FAILED:
-                self.revoke_registration(slot)
+                self.revoke_registration(slot, slots, now)
                 self.relaunch_when_gone(slot, revision, now)
             elif slot.state == LAUNCHING and now >= slot.not_before:
                 self.mark_running_when_parked(slot, revision, now)
@@ -422,26 +521,21 @@ class Agent:
         for kv in lost:
             self.etcd.delete(kv.key)
 
-    def learn_registrations(self, now: float) -> None:
-        """Remember the discovery leases of a cohort that just started serving, to revoke them when it fails."""
-        for cohort, until in list(self.registering.items()):
-            rank = self.ranks.get(cohort)
-            ports = listening_ports(cgroup_pids(rank.cgroup)) if rank and rank.cgroup else set()
-            try:
-                leases = [r.lease for r in cohort_registrations(self.etcd, self.plan, cohort, ports)]
-            except EtcdError:
-                leases = []
-            if leases:
-                self.registered[cohort] = leases
-                self.events.write("registered", cohort, rank.generation if rank else None,
-                                  leases=[f"{lease:x}" for lease in leases])
-            if leases or now > until:
-                del self.registering[cohort]
-
-    def revoke_registration(self, slot: Slot) -> None:
-        """Take a failed cohort out of discovery at once, so the frontend stops routing to it."""
+    def revoke_registration(self, slot: Slot, slots: dict[int, tuple[Slot, int]], now: float) -> None:
+        """Take a failed cohort out of discovery, so the frontend stops routing to it: at once, unless it was
+        the serving cohort and a shadow is taking over. Then the dead registration stays until the successor
+        has registered (at most REVOKE_DEFER_MAX_S): the frontend keeps the model and retries a request that
+        meets the dead worker on the new one (request migration); revoked earlier, the frontend would drop the
+        model and answer 404 until it has loaded the successor's model card again."""
         if (slot.cohort, slot.generation) in self.revoked:
             return
+        if slot.cohort == self.serving and now - self.detected_at.get((slot.cohort, slot.generation), slot.since) \
+                < REVOKE_DEFER_MAX_S:
+            waking = self.promotion is not None and self.promotion.cohort != slot.cohort \
+                and not self.promotion.leases
+            parked = [c for c, (s, _) in slots.items() if c != slot.cohort and s.state == RUNNING]
+            if waking or (self.promotion is None and parked):
+                return
         self.revoked.add((slot.cohort, slot.generation))
         leases = self.registered.pop(slot.cohort, [])
         try:
@@ -492,19 +586,19 @@ class Agent:
         rank = self.ranks.get(slot.cohort)
         if rank is None or rank.generation != slot.generation:
             return
-        env = self.plan["cohorts"][slot.cohort]["ranks"][0]["process"]["env"]
-        answer = http_get(f"http://{env['DYN_SYSTEM_HOST']}:{env['DYN_SYSTEM_PORT']}/health", 0.5)
+        answer = http_get(f"{self.system_url(slot.cohort)}/health", 0.5)
         if answer is not None and answer[0] == 200:
             running = Slot(cohort=slot.cohort, generation=slot.generation, state=RUNNING, reason="parked",
                            attempts=slot.attempts)
             if self.coord.swap(running, revision):
                 detected = self.detected_at.get((slot.cohort, slot.generation - 1))
                 self.events.write("relaunch-complete", slot.cohort, slot.generation,
-                                  relaunch_s=round(now - detected, 4) if detected else None)
+                                  relaunch_s=round(time.time() - detected, 4) if detected else None)
         elif now - self.launched_at[(slot.cohort, slot.generation)] > LAUNCH_TIMEOUT_S:
             self.declare(slot.cohort, slot.generation, "launch-timeout", now)
 
-    def verify_promotion(self, now: float) -> None:
+    def watch_lock(self, now: float) -> None:
+        """Notice a new lock holder (every tick) and start verifying its promotion."""
         holder = lock_holder(self.plan["lock_path"])
         if holder == self.holder:
             return
@@ -514,25 +608,98 @@ class Agent:
         if holder is None:
             self.events.write("lock-free", previous=self.last_holder)
             return
-        previous = self.last_holder
         cohort = parse_holder(holder)
         if cohort is None or cohort >= len(self.plan["cohorts"]):
             self.events.write("lock-unknown-holder", holder=holder)
             return
-        generation = self.ranks[cohort].generation if cohort in self.ranks else 0
-        env = self.plan["cohorts"][cohort]["ranks"][0]["process"]["env"]
-        metrics = http_get(f"http://{env['DYN_SYSTEM_HOST']}:{env['DYN_SYSTEM_PORT']}/metrics", 0.5)
-        view = engine_failover_view(metrics[1]).get(str(cohort)) if metrics else None
+        rank = self.ranks.get(cohort)
+        try:
+            slot = self.coord.slot(cohort)[0]
+        except EtcdError:
+            slot = None
+        if rank is None or slot is None or slot.state in (FAILED, DEAD) or rank.generation != slot.generation:
+            # e.g. a shadow whose own generation is being torn down grabbed the lock on its way out
+            self.events.write("lock-taken-by-failing", cohort, rank.generation if rank else None, holder=holder,
+                              slot=f"{slot.state} generation {slot.generation}" if slot else None)
+            return
+        previous = self.last_holder
         failed = [t for (c, _g), t in self.detected_at.items() if previous and c == parse_holder(previous)]
-        promote_s = now - max(failed) if failed else None
-        self.coord.record_active(cohort, generation)
-        self.registering[cohort] = now + 5.0
+        lock_s = now - max(failed) if failed else None
+        self.promotion = Promotion(cohort=cohort, generation=rank.generation, previous=previous, lock_at=now,
+                                   deadline=now + PROMOTION_TIMEOUT_S)
+        self.events.write("lock-acquired", cohort, rank.generation, previous=previous,
+                          lock_s=round(lock_s, 4) if lock_s is not None else None)
+
+    def verify_promotion(self, slots: dict[int, tuple[Slot, int]]) -> None:
+        """The new holder is promoted when its failover state is active, its registration is in discovery
+        and a completion goes through the frontend; then its predecessor's registration can go."""
+        p = self.promotion
+        if p is None:
+            return
+        slot = slots.get(p.cohort, (None, 0))[0]
+        if self.holder != f"engine-{p.cohort}" or slot is None or slot.state in (FAILED, DEAD) \
+                or slot.generation != p.generation:
+            self.events.write("promotion-abandoned", p.cohort, p.generation, holder=self.holder,
+                              slot=slot.state if slot else None)
+            self.promotion = None
+            return
+        now = time.time()
+        if p.active_at is None:
+            answer = http_get(f"{self.system_url(p.cohort)}/metrics", 0.5)
+            view = engine_failover_view(answer[1]).get(str(p.cohort)) if answer and answer[0] == 200 else None
+            if view is not None and view.state == "active":
+                p.active_at = time.time()
+        if p.active_at is not None and not p.leases:
+            rank = self.ranks.get(p.cohort)
+            ports = listening_ports(cgroup_pids(rank.cgroup)) if rank and rank.cgroup else set()
+            try:
+                p.leases = [r.lease for r in cohort_registrations(self.etcd, self.plan, p.cohort, ports)]
+            except EtcdError:
+                p.leases = []
+            if p.leases:
+                p.registered_at = time.time()
+                self.registered[p.cohort] = p.leases
+                self.events.write("registered", p.cohort, p.generation, leases=[f"{x:x}" for x in p.leases])
+        if p.leases and not p.probing:
+            if p.completion is not None and p.completion.ok:
+                self.promoted(p)
+                return
+            p.probing = True
+            threading.Thread(target=self.probe_frontend, args=(p,), name="promotion-probe", daemon=True).start()
+        if now > p.deadline:
+            missing = "its active state" if p.active_at is None else "its registration" if not p.leases \
+                else f"a completion through the frontend ({p.completion.error if p.completion else 'no answer'})"
+            self.metrics.count("promotions_unverified_total")
+            self.events.write("promotion-unverified", p.cohort, p.generation, missing=missing,
+                              waited_s=round(now - p.lock_at, 3))
+            self.promotion = None
+
+    def probe_frontend(self, p: Promotion) -> None:
+        """One short completion through the frontend (a thread: the loop never waits for it)."""
+        p.completion = send(self.plan["infra"]["frontend_url"], completion_body(self.plan["model_id"], 1), 2.0, 0)
+        p.probing = False
+        self.next_check = 0.0
+        os.write(self.wake_w, b"p")
+
+    def promoted(self, p: Promotion) -> None:
+        self.promotion = None
+        self.serving = p.cohort
+        failed = [t for (c, _g), t in self.detected_at.items() if p.previous and c == parse_holder(p.previous)]
+        detected = max(failed) if failed else None
+        promote_s = p.completion.end - detected if p.completion and detected is not None else None
+        try:
+            self.coord.record_active(p.cohort, p.generation)
+        except EtcdError as err:
+            self.events.write("record-active-error", p.cohort, p.generation, error=str(err))
         self.metrics.count("promotions_total")
         if promote_s is not None:
             self.metrics.observe("promotion_seconds", promote_s)
-        self.events.write("promoted", cohort, generation, previous=previous,
-                          state=view.state if view else None,
-                          promote_s=round(promote_s, 4) if promote_s is not None else None)
+        self.events.write("promoted", p.cohort, p.generation, previous=p.previous, state="active",
+                          promote_s=round(promote_s, 4) if promote_s is not None else None,
+                          lock_s=round(p.lock_at - detected, 4) if detected is not None else None,
+                          active_s=round(p.active_at - p.lock_at, 4) if p.active_at else None,
+                          registered_s=round(p.registered_at - p.lock_at, 4) if p.registered_at else None,
+                          completion_s=round(p.completion.end - p.lock_at, 4) if p.completion else None)
 
 
 # --- the metrics endpoint and the command line -----------------------------------------------------------------

@@ -9,7 +9,6 @@ progresses), ``wedged`` (alive but its health or heartbeat does not answer), ``d
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -17,6 +16,7 @@ from typing import Any
 
 from .failover_metrics import engine_failover_view
 from .lock import is_locked, read_holder
+from .proc import unit_properties
 from .standin.settings import heartbeat_path
 from .units import unit_name
 
@@ -25,12 +25,7 @@ LEADER_STATES = {"standby": "parked", "waking": "waking", "active": "active", "i
 
 def unit_status(unit: str) -> dict[str, Any]:
     """ActiveState and MainPID of a systemd unit ("inactive", 0 when systemd does not know it)."""
-    try:
-        out = subprocess.run(["systemctl", "show", unit, "--property=ActiveState,SubState,MainPID"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {"active_state": "unknown", "sub_state": "unknown", "pid": 0}
-    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    props = unit_properties(unit, "ActiveState", "SubState", "MainPID")
     return {"active_state": props.get("ActiveState", "unknown"), "sub_state": props.get("SubState", "unknown"),
             "pid": int(props.get("MainPID", "0") or 0)}
 

@@ -55,6 +55,7 @@ DEFAULT_FAILOVER: dict[str, Any] = {
     "health_timeout_s": 2.0,  # a leader whose /health does not answer this long is hung
     "heartbeat_stall_s": 3.0,  # a rank whose collective makes no progress this long is hung
     "term_grace_s": 0.0,  # SIGTERM grace before SIGKILL when tearing down a failed generation
+    "planned_grace_s": 5.0,  # SIGTERM grace of a planned failover (playbooks/failover.yml): engines drain
     "agent_lease_ttl_s": 3,  # an agent gone this long counts as a lost node
     "relaunch_backoff_s": 0.2,  # first delay before relaunching a slot that failed again soon after launch
     "relaunch_backoff_max_s": 30.0,
@@ -138,6 +139,7 @@ class Failover:
     health_timeout_s: float
     heartbeat_stall_s: float
     term_grace_s: float
+    planned_grace_s: float
     agent_lease_ttl_s: int
     relaunch_backoff_s: float
     relaunch_backoff_max_s: float

@@ -130,10 +130,17 @@ def _infra_plan(contract: Contract) -> InfraPlan:
         "SHADOWLINE_DEPLOYMENT": contract.deployment,
     }
     return InfraPlan(hosts=contract.infra_hosts, etcd_endpoints=etcd, nats_server=nats,
-                     frontend_url=f"http://{contract.frontend_bind}:{ports.frontend}",
+                     frontend_url=f"http://{_reachable(contract.frontend_bind, first.address)}:{ports.frontend}",
                      frontend=Process(host=first.host, argv=argv, env=env),
                      etcd=tuple(_etcd_member(contract, node) for node in contract.infra_hosts),
                      nats=tuple(_nats_server(contract, node) for node in contract.infra_hosts))
+
+
+def _reachable(bind: str, address: str) -> str:
+    """Where clients reach a server bound to ``bind`` on the node with ``address`` (a wildcard is not an address)."""
+    if bind in ("0.0.0.0", "::", "[::]"):
+        return address
+    return f"[{bind}]" if ":" in bind and not bind.startswith("[") else bind
 
 
 def _etcd_member(contract: Contract, node: Node) -> Process:

@@ -16,14 +16,25 @@ import time
 CGROUP_ROOTS = ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgroup")
 
 
+def unit_properties(unit: str, *names: str) -> dict[str, str]:
+    """Properties of a systemd unit (``systemctl show``); empty when systemctl does not answer."""
+    try:
+        out = subprocess.run(["systemctl", "show", unit, f"--property={','.join(names)}"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def monotonic_to_unix(usec: str) -> float | None:
+    """A systemd ``...TimestampMonotonic`` value (microseconds since boot) as unix time; None when unset."""
+    mono = int(usec or 0)
+    return time.time() - (time.monotonic() - mono / 1e6) if mono else None
+
+
 def unit_cgroup(unit: str) -> str | None:
     """The unit's cgroup path relative to the hierarchy root, e.g. /system.slice/x.service."""
-    try:
-        out = subprocess.run(["systemctl", "show", unit, "--property=ControlGroup", "--value"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out or None
+    return unit_properties(unit, "ControlGroup").get("ControlGroup") or None
 
 
 def cgroup_pids(cgroup: str) -> list[int]:

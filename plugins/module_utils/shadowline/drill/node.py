@@ -23,7 +23,7 @@ from ..coordination import DEAD, RUNNING, Coordination
 from ..etcd_client import Etcd, EtcdError
 from ..events import read_events
 from ..failover_metrics import engine_failover_view
-from ..proc import cgroup_pids, unit_cgroup
+from ..proc import cgroup_pids, monotonic_to_unix, unit_cgroup, unit_properties
 from ..units import unit_name
 from .faults import FAULTS, DrillError, cut_unit_name, fault_control_path
 
@@ -93,14 +93,10 @@ def service_pid(plan: Plan, kind: str) -> int:
 def service_state(plan: Plan, kind: str) -> dict[str, Any]:
     """A service unit's main pid and when systemd started that process (unix time, from its monotonic
     timestamp: /proc's boot time is whole seconds)."""
-    out = subprocess.run(["systemctl", "show", unit_name(plan, kind),
-                          "--property=MainPID,ExecMainStartTimestampMonotonic"],
-                         capture_output=True, text=True, timeout=10).stdout
-    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    props = unit_properties(unit_name(plan, kind), "MainPID", "ExecMainStartTimestampMonotonic")
     pid = int(props.get("MainPID", "0") or 0)
-    mono = int(props.get("ExecMainStartTimestampMonotonic", "0") or 0)
-    at = round(time.time() - (time.monotonic() - mono / 1e6), 3) if pid and mono else None
-    return {"pid": pid, "started_at": at}
+    at = monotonic_to_unix(props.get("ExecMainStartTimestampMonotonic", "0"))
+    return {"pid": pid, "started_at": round(at, 3) if pid and at else None}
 
 
 # --- the leader node: failover state, lock, slots ------------------------------------------------------------------

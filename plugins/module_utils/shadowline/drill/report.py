@@ -11,8 +11,10 @@ Definitions (docs/drills.md):
 - ``teardown_s``: the last of the ``ranks-gone`` events of the failed generation, one per node: every rank of
   it gone on every node (``teardown_per_node`` has each node's).
 - ``promote_s``: the driver's ``promoted`` event of a cohort other than the one serving before the fault, whose
-  generation was not itself declared failed (``active_s``: when that cohort's leader entered ``active``, from
-  its own failover metrics).
+  generation was not itself declared failed: the driver has verified it (failover state ``active``, its
+  registration in discovery, a completion through the frontend). ``lock_s``: when the driver saw that cohort
+  take the failover lock (``lock-acquired``); ``active_s``: when its leader entered ``active``, from its own
+  failover metrics.
 - ``first_ok_s``: when the first successful request ended that started after the first failed request (after
   the fault); with no failed request, the first successful request started after the fault.
 - ``failed_before_promotion`` / ``failed_after_promotion``: failed requests that were in flight at the fault
@@ -47,7 +49,13 @@ TIMELINE_EVENTS = {
     "relaunch-scheduled": "relaunch scheduled (delay {delay_s} s, attempt {attempts})",
     "rank-launched": "rank launched (pid {pid})",
     "launch-failed": "LAUNCH FAILED",
-    "promoted": "promoted: cohort {cohort} holds the lock ({state})",
+    "lock-acquired": "lock acquired: cohort {cohort} waking",
+    "lock-taken-by-failing": "lock taken by a failing generation ({slot})",
+    "registered": "registered in discovery",
+    "promoted": "promoted: cohort {cohort} active, registered, serving through the frontend",
+    "promotion-unverified": "PROMOTION UNVERIFIED: no {missing}",
+    "promotion-abandoned": "promotion abandoned (lock now {holder})",
+    "launch-abandoned": "launch abandoned (slot at generation {slot_generation})",
     "relaunch-complete": "relaunch complete: new shadow parked",
     "slot-dead": "SLOT DEAD: crash loop, relaunches stopped",
     "agent-started": "agent started, adopted {adopted}",
@@ -153,6 +161,10 @@ def compute_report(evidence: Evidence) -> dict[str, Any]:
         break
     report["promote_s"] = _rel(promoted["time"], t0) if promoted else None
     report["promoted_cohort"] = promoted["cohort"] if promoted else None
+    locked = next((e for e in events if promoted and e["event"] == "lock-acquired"
+                   and (e["cohort"], e.get("generation")) == (promoted["cohort"], promoted.get("generation"))
+                   and e["time"] <= promoted["time"]), None)
+    report["lock_s"] = _rel(locked["time"], t0) if locked else None
     active_s = None
     if promoted:
         view = (after.get("leaders") or {}).get(str(promoted["cohort"])) or {}
@@ -357,7 +369,8 @@ def timeline(evidence: Evidence, report: dict[str, Any], events: list[dict[str, 
             rows.append({"t": t, "node": host, "what": "GMS server started again (systemd)", "kind": "info"})
     kinds = {"rank-exited": "detect", "failure-declared": "detect", "fenced": "teardown",
              "ranks-gone": "teardown", "ranks-not-gone": "problem", "generation-gone": "teardown",
-             "promoted": "promote", "relaunch-complete": "relaunch", "rank-launched": "relaunch",
+             "promoted": "promote", "lock-acquired": "promote", "promotion-unverified": "problem",
+             "relaunch-complete": "relaunch", "rank-launched": "relaunch",
              "relaunch-scheduled": "relaunch", "slot-dead": "problem", "launch-failed": "problem"}
     for e in events:
         text = TIMELINE_EVENTS.get(e["event"])
@@ -370,7 +383,7 @@ def timeline(evidence: Evidence, report: dict[str, Any], events: list[dict[str, 
         except (KeyError, IndexError, ValueError):
             what = e["event"]
         if e["event"] == "promoted" and not detail.get("previous"):
-            what = f"lock holder seen at agent start: cohort {e['cohort']} ({detail.get('state')})"
+            what = f"cohort {e['cohort']} serving (verified by the driver at its start)"
             kind = "info"
         else:
             kind = kinds.get(e["event"], "info")
@@ -406,10 +419,11 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"detect            {_fmt(report['detect_s'])}"
         + (f"  ({report['detect_reason']}, by {report['detected_by']})" if report["detect_reason"] else ""),
         f"all ranks gone    {_fmt(report['teardown_s'])}" + (f"  ({teardown})" if teardown else ""),
+        f"lock taken        {_fmt(report.get('lock_s'))}",
         f"promotion         {_fmt(report['promote_s'])}"
-        + (f"  (cohort {report['promoted_cohort']}" + (f", active at {report['active_s']:.3f} s)"
-                                                          if report["active_s"] is not None else ")")
-           if report["promoted_cohort"] is not None else ""),
+        + (f"  (cohort {report['promoted_cohort']}" + (f", active at {report['active_s']:.3f} s" if
+                                                          report["active_s"] is not None else "")
+           + "; verified: registered, served a completion)" if report["promoted_cohort"] is not None else ""),
         f"first ok request  {_fmt(report['first_ok_s'])}",
         f"failed requests   {report['failed_before_promotion']} before promotion, "
         f"{report['failed_after_promotion']} after" + (f"  ({errors})" if errors else "")

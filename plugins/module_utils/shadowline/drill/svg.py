@@ -59,7 +59,8 @@ def render_svg(report: dict[str, Any], requests: list[dict[str, Any]], nodes: li
 
     milestones = [(kind, t, label) for kind, t, label in (
         ("fault", 0.0, "fault"), ("detect", report["detect_s"], "detect"),
-        ("teardown", report["teardown_s"], "all ranks gone"), ("promote", report["promote_s"], "promoted"),
+        ("teardown", report["teardown_s"], "all ranks gone"), ("promote", report.get("lock_s"), "lock taken"),
+        ("promote", report["promote_s"], "promoted"),
         ("request", report["first_ok_s"], "first ok"), ("relaunch", report["relaunch_s"], "relaunched"))
         if t is not None]
     placed = _place_labels(milestones, x)

@@ -170,6 +170,11 @@ class Weights:
         before = rchar()
         started = time.monotonic()
         identity = {"model": cfg.name, "model_path": cfg.model, "engine_id": cfg.engine_id}
+        delay = settings.load_delay()
+        if delay:
+            log.info("loading slowly: %.1f s more (SHADOWLINE_STANDIN_LOAD_DELAY)", delay)
+            if self.stopping.wait(delay):
+                raise Shutdown
         for gpu, tp_rank in cfg.gpus:
             if not cfg.gms:
                 shard = weights.build_shard(cfg.model, cfg.tp, tp_rank, gpu, identity)

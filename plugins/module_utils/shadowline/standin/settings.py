@@ -99,6 +99,11 @@ def collective_timeout() -> float:
     return env_float("SHADOWLINE_STANDIN_COLLECTIVE_TIMEOUT", 0.0)
 
 
+def load_delay() -> float:
+    """Extra seconds of weight loading (a slow real engine: vLLM answers /health 503 and beats nothing meanwhile)."""
+    return env_float("SHADOWLINE_STANDIN_LOAD_DELAY", 0.0)
+
+
 def rendezvous_timeout() -> float:
     return env_float("SHADOWLINE_STANDIN_RENDEZVOUS_TIMEOUT", 600.0)
 
