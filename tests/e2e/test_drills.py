@@ -286,6 +286,27 @@ def test_slow_start_is_not_a_hang(deployment: dict[str, Any]) -> None:
     assert_whole()
 
 
+def test_lost_agent_is_reported_and_serving_probed(deployment: dict[str, Any]) -> None:
+    """A node whose agent is gone (its etcd lease expired) is reported by the driver; its ranks still serve, so
+    nothing is failed over (the driver probes serving through the frontend meanwhile); it is back when its
+    agent is."""
+    t0 = time.time()
+    on("node2", "systemctl", "stop", f"{UNIT}-agent")
+    try:
+        lost = wait_for("agent-lost for node2", lambda: [e for e in events(since=t0) if e["event"] == "agent-lost"
+                                                         and e["node"] == "node2"], 20, interval=0.5)[0]
+        assert lost["time"] - t0 < 3 + 5, "the agent lease (3 s) should expire within a few seconds"
+        time.sleep(5)  # longer than health_timeout_s + the probe's request timeout
+        assert completion_ok(), "serving stopped while only an agent was gone"
+        declared = [e for e in events(since=t0) if e["event"] == "failure-declared"]
+        assert declared == [], f"an agent's loss alone failed a cohort: {declared}"
+    finally:
+        on("node2", "systemctl", "start", f"{UNIT}-agent")
+    wait_for("agent-back for node2", lambda: [e for e in events(since=t0) if e["event"] == "agent-back"
+                                              and e["node"] == "node2"], 20, interval=0.5)
+    assert_whole()
+
+
 def test_failover_playbook(deployment: dict[str, Any]) -> None:
     serving = int(lock_holder().rsplit("-", 1)[1])
     before = [e for e in events() if e["event"] == "relaunch-complete" and e["cohort"] == serving]

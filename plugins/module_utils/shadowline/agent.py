@@ -32,7 +32,7 @@ from .cohort_state import http_get, lock_holder
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Slot
 from .discovery import cohort_registrations, listening_ports, revoke_leases
 from .drill.load import Request, completion_body, send
-from .etcd_client import Etcd, EtcdError
+from .etcd_client import Etcd, EtcdError, Event
 from .events import EventLog
 from .failover_metrics import engine_failover_view
 from .lock import parse_holder
@@ -48,6 +48,7 @@ LAUNCH_TIMEOUT_S = 300.0  # a launched generation whose leader never gets health
 START_JOB_S = 30.0  # a unit start job that has not made the unit active by then has failed
 PROMOTION_TIMEOUT_S = 60.0  # lock taken -> active, registered and serving through the frontend
 REVOKE_DEFER_MAX_S = 10.0  # longest the serving cohort's registration is kept while its successor wakes
+SERVING_PROBE_S = 0.5  # while a node's agent is lost: how often the driver sends a completion through the frontend
 
 
 @dataclass
@@ -62,7 +63,7 @@ class LocalRank:
     started: float  # when systemd started the rank's main process (unix time)
     healthy_seen: bool = False  # the leader's /health answered 200 once: from now on silence means hung
     heartbeat_seen: bool = False  # the collective heartbeat moved after the start: from now on a stall counts
-    unhealthy_since: float | None = None
+    healthy_at: float = 0.0  # the last 200 from the leader's /health
 
 
 @dataclass
@@ -110,6 +111,11 @@ class Agent:
         self.revoked: set[tuple[int, int]] = set()  # (cohort, generation) whose registration the driver revoked
         self.promotion: Promotion | None = None  # the lock's new holder until its serving is verified (driver)
         self.serving: int | None = None  # the cohort last verified serving (driver)
+        self.agents_seen: set[str] = set()  # nodes whose agent the driver has seen registered
+        self.agents_lost: dict[str, float] = {}  # node -> since when its agent's lease is gone (driver)
+        self.serving_ok_at = 0.0  # the last completion through the frontend that succeeded (driver, nodes lost)
+        self.serving_probe: Request | None = None
+        self.next_serving_probe = 0.0
         self.holder: str | None = None  # the live lock holder, engine-<id>
         self.last_holder: str | None = None  # the holder before it, for promotion timing
         self.gms_pidfd: int | None = None
@@ -122,7 +128,7 @@ class Agent:
         self.next_check = 0.0
         self.stopping = False
         self.wake_r, self.wake_w = os.pipe()
-        self.changes: queue.Queue[int] = queue.Queue()
+        self.changes: queue.Queue[list[Event]] = queue.Queue()
 
     # --- the loop ------------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -140,7 +146,9 @@ class Agent:
                 self.track_starting(now)
             if self.terminating:
                 self.finish_teardowns(now)
-            changed = self.drain_changes()
+            changes = self.drain_changes()
+            changed = bool(changes)
+            self.act_on_failures(changes, now)
             if changed or now >= self.next_sync:
                 self.next_sync = now + SYNC_S
                 self.reconcile(now)
@@ -226,15 +234,24 @@ class Agent:
                 continue
             if events:
                 revision = max(e.mod_revision for e in events)
-                self.changes.put(revision)
+                self.changes.put(events)
                 os.write(self.wake_w, b"w")
 
-    def drain_changes(self) -> bool:
-        changed = False
+    def drain_changes(self) -> list[Event]:
+        events: list[Event] = []
         while not self.changes.empty():
-            self.changes.get_nowait()
-            changed = True
-        return changed
+            events += self.changes.get_nowait()
+        return events
+
+    def act_on_failures(self, changes: list[Event], now: float) -> None:
+        """Tear down at once what the watch says has failed, from the event itself (no second read of the
+        slots first: this is the hot path of a failover on every node)."""
+        prefix = self.coord.keys.slots()
+        for change in changes:
+            if change.type != "put" or not change.key.startswith(prefix):
+                continue
+            slot = Slot(**json.loads(change.value))
+            self.tear_down_failed(slot)
 
     # --- local ranks -------------------------------------------------------------------------------------------
     def adopt(self) -> None:
@@ -252,6 +269,7 @@ class Agent:
                 continue
             if slot is not None and slot.state == RUNNING:  # it was healthy before this agent started
                 rank.healthy_seen = rank.heartbeat_seen = True
+                rank.healthy_at = time.time()
             if self.is_driver and slot is None:
                 self.coord.create_slot(Slot(cohort=c, generation=generation, state=RUNNING))
         if self.is_driver:
@@ -395,13 +413,8 @@ class Agent:
             self.abandon_stale_start(cohort, slot)
             rank = self.ranks.get(cohort)
             if slot.state in (FAILED, DEAD):
-                if rank is not None and rank.generation <= slot.generation:
-                    self.events.write("teardown-requested", cohort, slot.generation, reason=slot.reason,
-                                      by=slot.detected_by)
-                    self.detected_at.setdefault((cohort, slot.generation), slot.since)
-                    self.tear_down(rank, slot.since, self.teardown_grace(slot))
-                elif slot.state == FAILED and cohort not in self.terminating:
-                    self.confirm(cohort, slot.generation, now)
+                if not self.tear_down_failed(slot) and slot.state == FAILED and cohort not in self.terminating:
+                    self.confirm(cohort, slot.generation, now)  # nothing of it here (any more)
             elif slot.state in (LAUNCHING, RUNNING):
                 if rank is not None and rank.generation < slot.generation:
                     self.tear_down(rank, now)  # a leftover of an older generation
@@ -413,6 +426,17 @@ class Agent:
                     self.launch(cohort, slot.generation, now)
                 elif rank is None:
                     self.next_sync = min(self.next_sync, slot.not_before)  # wake for the delayed launch
+
+    def tear_down_failed(self, slot: Slot) -> bool:
+        """This node's rank of a generation declared failed (or dead): tear it down. False if there is none."""
+        rank = self.ranks.get(slot.cohort)
+        if slot.state not in (FAILED, DEAD) or rank is None or rank.generation > slot.generation:
+            return False
+        self.events.write("teardown-requested", slot.cohort, slot.generation, reason=slot.reason,
+                          by=slot.detected_by)
+        self.detected_at.setdefault((slot.cohort, slot.generation), slot.since)
+        self.tear_down(rank, slot.since, self.teardown_grace(slot))
+        return True
 
     def abandon_stale_start(self, cohort: int, slot: Slot) -> None:
         """A start this agent began for a generation that failed or was superseded meanwhile: stop it, so that
@@ -460,16 +484,20 @@ class Agent:
         if not rank.leader:
             return None
         timeout = float(self.failover["health_timeout_s"])
-        asked = time.time()
-        answer = http_get(f"{self.system_url(rank.cohort)}/health", min(timeout, 0.5))
+        # Hung = no healthy answer for health_timeout_s since the last one; the probe waits at most until then.
+        left = rank.healthy_at + timeout - time.time() if rank.healthy_seen else 0.5
+        answer = http_get(f"{self.system_url(rank.cohort)}/health", min(0.5, max(0.05, left)))
         if answer is not None and answer[0] == 200:
             rank.healthy_seen = True
-            rank.unhealthy_since = None
+            rank.healthy_at = time.time()
             return None
         if not rank.healthy_seen:
             return None  # still loading (vLLM answers 503 until then)
-        rank.unhealthy_since = rank.unhealthy_since or asked
-        return "leader-hung" if time.time() - rank.unhealthy_since >= timeout else None
+        deadline = rank.healthy_at + timeout
+        if time.time() >= deadline:
+            return "leader-hung"
+        self.next_check = min(self.next_check, deadline)  # decide at the deadline, not a check period later
+        return None
 
     def system_url(self, cohort: int) -> str:
         env = self.plan["cohorts"][cohort]["ranks"][0]["process"]["env"]
@@ -484,6 +512,7 @@ class Agent:
         except EtcdError:
             return
         self.verify_promotion(slots)
+        self.watch_agents(slots, now)
         for cohort, (slot, revision) in slots.items():
             if slot.state == FAILED:
                 self.revoke_registration(slot, slots, now)
@@ -673,6 +702,46 @@ class Agent:
             self.events.write("promotion-unverified", p.cohort, p.generation, missing=missing,
                               waited_s=round(now - p.lock_at, 3))
             self.promotion = None
+
+    def watch_agents(self, slots: dict[int, tuple[Slot, int]], now: float) -> None:
+        """A node whose agent's lease expired: nobody watches its ranks. Its loss alone fails no cohort (the ranks
+        may be fine, and every cohort has a rank on every node); a node that is really gone shows in its peers'
+        collectives and the leader's health. What neither may show (vLLM's /health can stay 200 after a worker
+        rank died) is caught here: while any agent is lost, the driver sends a completion through the frontend
+        every SERVING_PROBE_S, and declares the serving generation failed (node-lost) when none has succeeded
+        for health_timeout_s plus the request timeout."""
+        try:
+            live = self.coord.live_agents()
+        except EtcdError:
+            return
+        self.agents_seen |= live
+        for node in sorted(self.agents_seen - {self.host}):
+            if node in live and node in self.agents_lost:
+                self.events.write("agent-back", node=node, lost_s=round(now - self.agents_lost.pop(node), 3))
+            elif node not in live and node not in self.agents_lost:
+                self.agents_lost[node] = now
+                self.serving_ok_at = now
+                self.metrics.count("agents_lost_total")
+                self.events.write("agent-lost", node=node,
+                                  detail="its ranks are unsupervised; serving is probed through the frontend")
+        if not self.agents_lost or self.serving is None or self.promotion is not None:
+            return
+        probe = self.serving_probe
+        if probe is not None and probe.ok:
+            self.serving_ok_at = max(self.serving_ok_at, probe.end)
+        if now >= self.next_serving_probe:
+            self.next_serving_probe = now + SERVING_PROBE_S
+            threading.Thread(target=self.probe_serving, name="serving-probe", daemon=True).start()
+        slot = slots.get(self.serving, (None, 0))[0]
+        silent = now - self.serving_ok_at
+        if slot is not None and slot.state == RUNNING and silent > float(self.failover["health_timeout_s"]) + 2.0:
+            self.events.write("serving-silent", self.serving, slot.generation, silent_s=round(silent, 3),
+                              lost=sorted(self.agents_lost))
+            self.declare(self.serving, slot.generation, "node-lost", now)
+
+    def probe_serving(self) -> None:
+        self.serving_probe = send(self.plan["infra"]["frontend_url"], completion_body(self.plan["model_id"], 1),
+                                  2.0, 0)
 
     def probe_frontend(self, p: Promotion) -> None:
         """One short completion through the frontend (a thread: the loop never waits for it)."""
