@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline import units
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.lock import parse_holder
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.plan import restart_order
+
+UNIT_DIR = "/etc/systemd/system"
 
 
 def cohort_order(plan: dict[str, Any], lock_content: str | None = None) -> list[int]:
@@ -16,6 +19,41 @@ def cohort_order(plan: dict[str, Any], lock_content: str | None = None) -> list[
     return restart_order([c["cohort"] for c in plan["cohorts"]], parse_holder(lock_content or ""))
 
 
+def _dropin_dir(plan: dict[str, Any], cohort: int) -> str:
+    return f"{UNIT_DIR}/{units.unit_name(plan, 'engine', cohort)}.d"
+
+
+def engine_files(plan: dict[str, Any], host: str, model_digest: str = "") -> dict[str, list[dict[str, str]]]:
+    """Every directory and file of the engines on a host, as shadowline.gms.install_files takes them: each
+    cohort's home and drop-in directory; the template unit; per cohort its command and environment (plan.conf)
+    and, once the readiness gate passed, the digest of the model its ranks start on (model.conf)."""
+    root = {"owner": "root", "group": "root"}
+    user = {"owner": plan["service_user"], "group": plan["service_user"]}
+    directories, files = [], [{"path": f"{UNIT_DIR}/{units.unit_name(plan, 'engine')}",
+                               "content": units.engine_template(plan), "mode": "0644", **root}]
+    for cohort in (c["cohort"] for c in plan["cohorts"]):
+        dropin = _dropin_dir(plan, cohort)
+        directories += [{"path": f"{plan['state_dir']}/engines/{cohort}", "mode": "0750", **user},
+                        {"path": dropin, "mode": "0755", **root}]
+        files.append({"path": f"{dropin}/plan.conf", "content": units.engine_dropin(plan, host, cohort),
+                      "mode": "0644", **root})
+        if model_digest:
+            files.append({"path": f"{dropin}/model.conf", "content": units.engine_model_dropin(str(model_digest)),
+                          "mode": "0644", **root})
+    return {"directories": directories, "files": files}
+
+
+def engine_changed_cohorts(plan: dict[str, Any], changed_paths: list[str] | None) -> list[int]:
+    """The cohorts whose units changed, from install_files' changed_paths: all of them when the template
+    changed, else those with a changed drop-in file."""
+    changed = set(changed_paths or [])
+    if f"{UNIT_DIR}/{units.unit_name(plan, 'engine')}" in changed:
+        return [c["cohort"] for c in plan["cohorts"]]
+    return [c["cohort"] for c in plan["cohorts"]
+            if any(p.startswith(_dropin_dir(plan, c["cohort"]) + "/") for p in changed)]
+
+
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {"cohort_order": cohort_order}
+        return {"cohort_order": cohort_order, "engine_files": engine_files,
+                "engine_changed_cohorts": engine_changed_cohorts}

@@ -1,0 +1,114 @@
+"""shadowline.gms.install_files (plugins/modules/install_files.py), run as Ansible runs a module, and the engine
+role's filters that feed it (engine_files, engine_changed_cohorts in plugins/filter/cohorts.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shadowline.contract import parse_contract
+from shadowline.plan import build_plan
+
+from .helpers import hostvars
+
+REPO = Path(__file__).resolve().parents[2]
+MODULE = REPO / "plugins" / "modules" / "install_files.py"
+ME = {"owner": str(os.getuid()), "group": str(os.getgid())}
+
+
+def run(tmp_path: Path, check_mode: bool = False, **args) -> dict:
+    """The module with these arguments, in a subprocess (AnsibleModule reads them from a file)."""
+    pytest.importorskip("ansible")
+    spec = tmp_path / "args.json"
+    spec.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check_mode,
+                                                        "_ansible_diff": True}}))
+    proc = subprocess.run([sys.executable, str(MODULE), str(spec)], capture_output=True, text=True, check=False)
+    result = json.loads(proc.stdout)
+    assert not result.get("failed"), result
+    return result
+
+
+def mode(path: Path) -> str:
+    return oct(stat.S_IMODE(path.stat().st_mode))
+
+
+def test_creates_then_changes_nothing_then_only_what_differs(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    wanted = {"directories": [{"path": str(root / "a" / "b"), "mode": "0750", **ME}],
+              "files": [{"path": str(root / "a" / "b" / "x.conf"), "content": "x\n", "mode": "0640", **ME},
+                        {"path": str(root / "a" / "y.conf"), "content": "y\n", "mode": "0644", **ME}]}
+    first = run(tmp_path, **wanted)
+    assert first["changed"] and first["changed_paths"] == [str(root / "a" / "b"), str(root / "a" / "b" / "x.conf"),
+                                                           str(root / "a" / "y.conf")]
+    assert (root / "a" / "b" / "x.conf").read_text() == "x\n" and mode(root / "a" / "b" / "x.conf") == "0o640"
+    assert mode(root / "a" / "b") == "0o750" and mode(root / "a") == "0o755"  # a missing parent, as mkdir -p
+    again = run(tmp_path, **wanted)
+    assert (again["changed"], again["changed_paths"], again["diff"]) == (False, [], [])
+
+    wanted["files"][1]["content"] = "y2\n"
+    (root / "a" / "b").chmod(0o700)
+    second = run(tmp_path, **wanted)
+    assert second["changed_paths"] == [str(root / "a" / "b"), str(root / "a" / "y.conf")]
+    assert (root / "a" / "y.conf").read_text() == "y2\n" and mode(root / "a" / "b") == "0o750"
+    assert [d["after"] for d in second["diff"]] == ["y2\n"]
+    assert not list((root / "a").glob(".y.conf.*")), "a temporary file is left"
+
+
+def test_check_mode_changes_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "d"
+    result = run(tmp_path, check_mode=True, directories=[{"path": str(target), **ME}],
+                 files=[{"path": str(target / "f"), "content": "f", **ME}], absent=[str(tmp_path / "args.json")])
+    assert result["changed_paths"] == [str(tmp_path / "args.json"), str(target), str(target / "f")]
+    assert not target.exists() and (tmp_path / "args.json").exists()
+
+
+def test_absent_removes_files_and_trees(tmp_path: Path) -> None:
+    (tmp_path / "tree" / "sub").mkdir(parents=True)
+    (tmp_path / "tree" / "sub" / "f").write_text("f")
+    (tmp_path / "file").write_text("f")
+    gone = [str(tmp_path / "tree"), str(tmp_path / "file"), str(tmp_path / "never")]
+    assert run(tmp_path, absent=gone)["changed_paths"] == gone[:2]
+    assert not (tmp_path / "tree").exists() and not (tmp_path / "file").exists()
+    assert run(tmp_path, absent=gone)["changed"] is False
+
+
+@pytest.fixture(scope="module")
+def filters() -> dict:
+    """plugins/filter/cohorts.py, imported as Ansible loads it (through ansible_collections)."""
+    pytest.importorskip("ansible")
+    collections = REPO / "collections"
+    if not (collections / "ansible_collections" / "shadowline" / "gms").exists():
+        pytest.skip("collections/ansible_collections/shadowline/gms is missing (make setup)")
+    sys.path.insert(0, str(collections))
+    try:
+        from ansible_collections.shadowline.gms.plugins.filter import cohorts
+    finally:
+        sys.path.remove(str(collections))
+    return cohorts.FilterModule().filters()
+
+
+def test_engine_files_and_the_cohorts_they_change(filters: dict) -> None:
+    hv, hosts = hostvars(2, gms_cohorts=3, gms_engine={"tensor_parallel_size": 16})
+    contract, problems = parse_contract(hv, hosts)
+    assert not problems
+    plan = build_plan(contract).to_dict()
+    files = filters["engine_files"](plan, "node1", "sha256:" + "a" * 64)
+    template = "/etc/systemd/system/shadowline-llama-engine@.service"
+    dropin = "/etc/systemd/system/shadowline-llama-engine@{}.service.d"
+    assert [f["path"] for f in files["files"]] == [template] + [
+        f"{dropin.format(c)}/{name}" for c in range(3) for name in ("plan.conf", "model.conf")]
+    assert [d["path"] for d in files["directories"]] == [
+        p for c in range(3) for p in (f"/var/lib/shadowline/llama/engines/{c}", dropin.format(c))]
+    assert "--node-rank 1" in files["files"][1]["content"] and "SHADOWLINE_MODEL_DIGEST" in files["files"][2]["content"]
+    assert len(filters["engine_files"](plan, "node1", "")["files"]) == 4  # no model.conf before the gate passed
+
+    changed = filters["engine_changed_cohorts"]
+    assert changed(plan, []) == [] and changed(plan, [dropin.format(1)]) == []  # a new directory alone
+    assert changed(plan, [f"{dropin.format(2)}/model.conf", "/var/lib/shadowline/llama/engines/0"]) == [2]
+    assert changed(plan, [template]) == [0, 1, 2]
