@@ -21,8 +21,6 @@ import signal
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,26 +33,13 @@ from shadowline.plan import Plan
 from shadowline.standin.settings import heartbeat_path
 
 from . import launch
+from .site_helpers import http  # straight to the testbed's addresses, never through a proxy
 
 DEPLOYMENT = "e2e-standin"
 INFRA_TIMEOUT_S = 30.0
 ENGINE_TIMEOUT_S = 40.0
 RETRY_REQUESTS, RETRY_SECONDS = 100, 20.0  # after the kill: at most this many requests in this long
 STOPPED_WATCH_S = 3.0  # how long a SIGSTOPped primary is watched for a wrong promotion (30 lock polls)
-NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # straight to 198.18.1.0/24, never a proxy
-
-
-def http(method: str, url: str, body: dict | None = None, timeout: float = 5.0) -> tuple[int, str]:
-    """(status, body); status 0 when nothing answered (the body says why)."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with NO_PROXY.open(request, timeout=timeout) as response:
-            return response.status, response.read().decode(errors="replace")
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode(errors="replace")
-    except OSError as err:
-        return 0, str(err)
 
 
 @dataclass
