@@ -49,7 +49,7 @@ TIMELINE_EVENTS = {
     "relaunch-scheduled": "relaunch scheduled (delay {delay_s} s, attempt {attempts})",
     "rank-launched": "rank launched (pid {pid})",
     "launch-failed": "LAUNCH FAILED",
-    "lock-acquired": "lock acquired: cohort {cohort} waking",
+    "lock-acquired": "lock acquired, waking",
     "lock-taken-by-failing": "lock taken by a failing generation ({slot})",
     "registered": "registered in discovery",
     "promoted": "promoted: cohort {cohort} active, registered, serving through the frontend",
