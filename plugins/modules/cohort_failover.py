@@ -21,8 +21,8 @@ description:
     its crash-loop count reset (fix the cause first).
   - C(planned) refuses to fail the serving cohort over while no shadow is parked (serving would stop until the
     relaunch); C(forced) does it anyway. The agents stop the ranks with SIGTERM, wait
-    C(gms_failover.planned_grace_s) (planned, default 5 s: engines drain) or C(gms_failover.term_grace_s)
-    (forced, default 0: at once), then SIGKILL - see docs/drills.md.
+    C(gms_failover.planned_grace_s) (planned, default 5 s, so that the engines drain) or
+    C(gms_failover.term_grace_s) (forced, default 0, at once), then SIGKILL - see docs/drills.md.
   - Runs on the leader node (node rank 0), where the lock and the driver agent's event log are; use
     C(delegate_to) and C(run_once) (C(playbooks/failover.yml) does).
 options:
