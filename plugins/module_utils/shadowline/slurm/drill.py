@@ -173,8 +173,20 @@ def drill(job_dir: str, fault: str, rate: float = 20.0, timeout: float = 60.0, s
     watcher.stop.set()
     time.sleep(settle)
     requests = load.stop()
-    events = list(read_events(os.path.join(job_dir, "events.jsonl"), fault_at - 0.5))
+    events = supervisor_events(os.path.join(job_dir, "events.jsonl"), fault_at - 0.5,
+                               max(deadline, time.monotonic() + 10.0))
     return report(fault, job, failed, step_id, fault_at, reports, watcher, requests, events, shadows)
+
+
+def supervisor_events(path: str, since: float, deadline: float) -> list[dict[str, Any]]:
+    """The supervisor's events since the fault, once it has recorded the promotion and the parked relaunch (it
+    writes them after it observed them, which on a loaded machine can be after the drill's own watcher saw
+    them); whatever it has at ``deadline`` (monotonic) otherwise."""
+    while True:
+        events = list(read_events(path, since))
+        if {"promoted", "parked"} <= {e["event"] for e in events} or time.monotonic() >= deadline:
+            return events
+        time.sleep(0.1)
 
 
 def report(fault: str, job: dict[str, Any], failed: int, step_id: str, fault_at: float, reports: list[dict[str, Any]],
