@@ -121,6 +121,12 @@ def wait_for(what: str, check: Any, timeout: float, interval: float = 0.2) -> An
         time.sleep(interval)
 
 
+def main_pid(host: str, unit: str) -> int:
+    """The unit's main process, once it runs (never 0: `kill 0` would signal a whole process group)."""
+    return int(wait_for(f"{unit} running on {host}", lambda: int(on(
+        host, "systemctl", "show", "-p", "MainPID", "--value", unit).strip() or 0), 60))
+
+
 def alive_on(host: str, pid: int, start: int) -> bool:
     """Is the process (pid, start ticks) still alive on the host? (a reused pid is another process)"""
     proc = tb.exec_in(host, ["cat", f"/proc/{pid}/stat"], timeout=10)
@@ -236,8 +242,7 @@ def test_crash_loop_backoff(deployment: dict[str, Any]) -> None:
     try:
         on("node1", "systemctl", "daemon-reload")
         t0 = time.time()
-        main_pid = on(LEADER, "systemctl", "show", "-p", "MainPID", "--value", f"{UNIT}-engine@{parked}").strip()
-        on(LEADER, "kill", "-KILL", main_pid)
+        on(LEADER, "kill", "-KILL", str(main_pid(LEADER, f"{UNIT}-engine@{parked}")))
         dead = wait_for("slot-dead", lambda: [e for e in events(since=t0) if e["event"] == "slot-dead"
                                               and e["cohort"] == parked], 120, interval=0.5)
         log = [e for e in events(since=t0) if e["cohort"] == parked]
@@ -271,8 +276,7 @@ def test_slow_start_is_not_a_hang(deployment: dict[str, Any]) -> None:
                              "&& systemctl daemon-reload")
     try:
         t0 = time.time()
-        main_pid = on(LEADER, "systemctl", "show", "-p", "MainPID", "--value", f"{UNIT}-engine@{parked}").strip()
-        on(LEADER, "kill", "-KILL", main_pid)
+        on(LEADER, "kill", "-KILL", str(main_pid(LEADER, f"{UNIT}-engine@{parked}")))
         done = wait_for("the slow shadow parked again", lambda: [
             e for e in events(since=t0) if e["event"] == "relaunch-complete" and e["cohort"] == parked], 90,
             interval=0.5)[0]

@@ -602,11 +602,14 @@ class Agent:
                          reason=f"relaunch after {slot.reason}", attempts=attempts, not_before=now + delay)
         if self.coord.swap(launching, revision):
             self.detected_at[(slot.cohort, slot.generation)] = detected
+            self.launched_at[(slot.cohort, slot.generation + 1)] = now + delay  # a launch can fail before the next pass
             self.events.write("relaunch-scheduled", slot.cohort, slot.generation + 1, delay_s=round(delay, 3),
                               attempts=attempts)
 
     def ran_briefly(self, slot: Slot) -> bool:
         """Did the failed generation fail soon after its launch (a crash loop in the making)?"""
+        if slot.reason in ("launch-failed", "launch-timeout"):
+            return True
         launched = self.launched_at.get((slot.cohort, slot.generation))
         return launched is not None and slot.since - launched < self.failover["stable_after_s"]
 
