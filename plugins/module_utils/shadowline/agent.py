@@ -28,13 +28,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from .agent_metrics import AgentMetrics
-from .cohort_state import http_get, lock_holder
+from .cohort_state import http_get, leader_base, leader_view, lock_holder
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Slot
 from .discovery import cohort_registrations, listening_ports, revoke_leases
 from .drill.load import Request, completion_body, send
 from .etcd_client import Etcd, EtcdError, Event
 from .events import EventLog
-from .failover_metrics import engine_failover_view
 from .lock import parse_holder
 from .proc import (alive, cgroup_pids, kill_cgroup, monotonic_to_unix, pidfd_open, systemctl, terminate_cgroup,
                    unit_properties)
@@ -148,7 +147,7 @@ class Agent:
                 self.finish_teardowns(now)
             changes = self.drain_changes()
             changed = bool(changes)
-            self.act_on_failures(changes, now)
+            self.act_on_failures(changes)
             if changed or now >= self.next_sync:
                 self.next_sync = now + SYNC_S
                 self.reconcile(now)
@@ -243,7 +242,7 @@ class Agent:
             events += self.changes.get_nowait()
         return events
 
-    def act_on_failures(self, changes: list[Event], now: float) -> None:
+    def act_on_failures(self, changes: list[Event]) -> None:
         """Tear down at once what the watch says has failed, from the event itself (no second read of the
         slots first: this is the hot path of a failover on every node)."""
         prefix = self.coord.keys.slots()
@@ -486,7 +485,7 @@ class Agent:
         timeout = float(self.failover["health_timeout_s"])
         # Hung = no healthy answer for health_timeout_s since the last one; the probe waits at most until then.
         left = rank.healthy_at + timeout - time.time() if rank.healthy_seen else 0.5
-        answer = http_get(f"{self.system_url(rank.cohort)}/health", min(0.5, max(0.05, left)))
+        answer = http_get(f"{leader_base(self.plan, rank.cohort)}/health", min(0.5, max(0.05, left)))
         if answer is not None and answer[0] == 200:
             rank.healthy_seen = True
             rank.healthy_at = time.time()
@@ -499,9 +498,6 @@ class Agent:
         self.next_check = min(self.next_check, deadline)  # decide at the deadline, not a check period later
         return None
 
-    def system_url(self, cohort: int) -> str:
-        env = self.plan["cohorts"][cohort]["ranks"][0]["process"]["env"]
-        return f"http://{env['DYN_SYSTEM_HOST']}:{env['DYN_SYSTEM_PORT']}"
 
     # --- the driver (leader node): promotion and relaunch --------------------------------------------------------
     def drive(self, now: float) -> None:
@@ -618,7 +614,7 @@ class Agent:
         rank = self.ranks.get(slot.cohort)
         if rank is None or rank.generation != slot.generation:
             return
-        answer = http_get(f"{self.system_url(slot.cohort)}/health", 0.5)
+        answer = http_get(f"{leader_base(self.plan, slot.cohort)}/health", 0.5)
         if answer is not None and answer[0] == 200:
             running = Slot(cohort=slot.cohort, generation=slot.generation, state=RUNNING, reason="parked",
                            attempts=slot.attempts)
@@ -655,12 +651,18 @@ class Agent:
                               slot=f"{slot.state} generation {slot.generation}" if slot else None)
             return
         previous = self.last_holder
-        failed = [t for (c, _g), t in self.detected_at.items() if previous and c == parse_holder(previous)]
-        lock_s = now - max(failed) if failed else None
+        detected = self.failure_of(previous)
+        lock_s = now - detected if detected is not None else None
         self.promotion = Promotion(cohort=cohort, generation=rank.generation, previous=previous, lock_at=now,
                                    deadline=now + PROMOTION_TIMEOUT_S)
         self.events.write("lock-acquired", cohort, rank.generation, previous=previous,
                           lock_s=round(lock_s, 4) if lock_s is not None else None)
+
+    def failure_of(self, holder: str | None) -> float | None:
+        """When the latest failure of the lock holder ``holder``'s cohort was declared (None: none known)."""
+        cohort = parse_holder(holder or "")
+        failed = [t for (c, _g), t in self.detected_at.items() if cohort is not None and c == cohort]
+        return max(failed) if failed else None
 
     def verify_promotion(self, slots: dict[int, tuple[Slot, int]]) -> None:
         """The new holder is promoted when its failover state is active, its registration is in discovery
@@ -677,8 +679,7 @@ class Agent:
             return
         now = time.time()
         if p.active_at is None:
-            answer = http_get(f"{self.system_url(p.cohort)}/metrics", 0.5)
-            view = engine_failover_view(answer[1]).get(str(p.cohort)) if answer and answer[0] == 200 else None
+            view = leader_view(self.plan, p.cohort, 0.5)
             if view is not None and view.state == "active":
                 p.active_at = time.time()
         if p.active_at is not None and not p.leases:
@@ -742,13 +743,15 @@ class Agent:
                               lost=sorted(self.agents_lost))
             self.declare(self.serving, slot.generation, "node-lost", now)
 
+    def frontend_completion(self) -> Request:
+        """One short completion through the frontend (callers run it in a thread: the loop never waits for it)."""
+        return send(self.plan["infra"]["frontend_url"], completion_body(self.plan["model_id"], 1), 2.0, 0)
+
     def probe_serving(self) -> None:
-        self.serving_probe = send(self.plan["infra"]["frontend_url"], completion_body(self.plan["model_id"], 1),
-                                  2.0, 0)
+        self.serving_probe = self.frontend_completion()
 
     def probe_frontend(self, p: Promotion) -> None:
-        """One short completion through the frontend (a thread: the loop never waits for it)."""
-        p.completion = send(self.plan["infra"]["frontend_url"], completion_body(self.plan["model_id"], 1), 2.0, 0)
+        p.completion = self.frontend_completion()
         p.probing = False
         self.next_check = 0.0
         os.write(self.wake_w, b"p")
@@ -756,8 +759,7 @@ class Agent:
     def promoted(self, p: Promotion) -> None:
         self.promotion = None
         self.serving = p.cohort
-        failed = [t for (c, _g), t in self.detected_at.items() if p.previous and c == parse_holder(p.previous)]
-        detected = max(failed) if failed else None
+        detected = self.failure_of(p.previous)
         promote_s = p.completion.end - detected if p.completion and detected is not None else None
         try:
             self.coord.record_active(p.cohort, p.generation)

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from .failover_metrics import engine_failover_view
+from .failover_metrics import EngineFailoverView, engine_failover_view
 from .lock import is_locked, read_holder
 from .proc import unit_properties
 from .standin.settings import heartbeat_path
@@ -39,6 +39,26 @@ def http_get(url: str, timeout: float) -> tuple[int, str] | None:
         return err.code, ""
     except (OSError, ValueError):
         return None
+
+
+def leader_base(plan: dict[str, Any], cohort: int) -> str:
+    """The cohort leader's system server (``DYN_SYSTEM_HOST:DYN_SYSTEM_PORT``): /health, /metrics."""
+    entry = plan["cohorts"][cohort]
+    leader = next(r for r in entry["ranks"] if r["leader"])
+    return f"http://{leader['address']}:{entry['ports']['system']}"
+
+
+def leader_view(plan: dict[str, Any], cohort: int, timeout: float = 0.5) -> EngineFailoverView | None:
+    """The leader's failover view (state, entered time, counters), None when it does not answer."""
+    answer = http_get(leader_base(plan, cohort) + "/metrics", timeout)
+    if answer is None or answer[0] != 200:
+        return None
+    return engine_failover_view(answer[1]).get(str(plan["cohorts"][cohort]["engine_id"]))
+
+
+def leader_state(plan: dict[str, Any], cohort: int, timeout: float = 0.5) -> str | None:
+    view = leader_view(plan, cohort, timeout)
+    return view.state if view else None
 
 
 def lock_holder(lock_path: str) -> str | None:

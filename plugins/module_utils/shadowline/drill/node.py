@@ -18,11 +18,10 @@ import sys
 import time
 from typing import Any
 
-from ..cohort_state import http_get, lock_holder, unit_status
+from ..cohort_state import http_get, leader_view, lock_holder, unit_status
 from ..coordination import DEAD, RUNNING, Coordination
 from ..etcd_client import Etcd, EtcdError
 from ..events import read_events
-from ..failover_metrics import engine_failover_view
 from ..proc import cgroup_pids, monotonic_to_unix, unit_cgroup, unit_properties
 from ..units import unit_name
 from .faults import FAULTS, DrillError, cut_unit_name, fault_control_path
@@ -104,9 +103,7 @@ def leader_views(plan: Plan, timeout_s: float = 1.0) -> dict[str, dict[str, Any]
     """Each cohort leader's failover state from its own metrics (call on the leader node)."""
     views = {}
     for cohort in plan["cohorts"]:
-        env = cohort["ranks"][0]["process"]["env"]
-        answer = http_get(f"http://{env['DYN_SYSTEM_HOST']}:{env['DYN_SYSTEM_PORT']}/metrics", timeout_s)
-        view = engine_failover_view(answer[1]).get(str(cohort["engine_id"])) if answer and answer[0] == 200 else None
+        view = leader_view(plan, cohort["cohort"], timeout_s)
         views[str(cohort["cohort"])] = {
             "state": view.state if view else None,
             "entered": view.state_entered if view else None,

@@ -40,7 +40,7 @@ from typing import Any
 from .. import discovery
 from ..etcd_client import Etcd, EtcdError
 from ..events import read_events
-from .cohorts import leader_view
+from ..cohort_state import leader_view
 from .load import Load
 
 FAULTS = {

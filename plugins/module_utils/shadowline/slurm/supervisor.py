@@ -44,7 +44,7 @@ from ..model.readiness import readiness_gate
 from ..waits import http_check, poll
 from ..watchdog import EVENT_PREFIX
 from .allocation import AllocationError, Node, allocation, concrete, read_spec
-from .cohorts import leader_state
+from ..cohort_state import leader_state
 from .load import complete
 
 INFRA = ("gms", "etcd", "nats", "frontend")
