@@ -18,14 +18,6 @@ description:
   - On the node that holds the cohorts' leaders, also the live holder of the failover lock.
   - Read-only; the same code serves the failover agent.
 options:
-  plan:
-    description: The cohort plan (the C(gms_plan) fact set by C(playbooks/preflight.yml)).
-    type: dict
-    required: true
-  host:
-    description: This node's name in the plan (its inventory name).
-    type: str
-    required: true
   health_timeout_s:
     description: How long a leader's C(/health) may take before the rank counts as wedged.
     type: float
@@ -39,6 +31,8 @@ attributes:
     support: full
   diff_mode:
     support: none
+extends_documentation_fragment:
+  - shadowline.gms.node_plan
 author:
   - shadowline contributors
 """

@@ -26,14 +26,6 @@ description:
     also the slots, the lock holder and every leader's failover state.
   - Read-only; the clock of the returned times is the node's (testbed hosts share the machine's).
 options:
-  plan:
-    description: The cohort plan (the C(gms_plan) fact).
-    type: dict
-    required: true
-  host:
-    description: This node's name in the plan (its inventory name).
-    type: str
-    required: true
   mode:
     description: What to read (see the description).
     type: str
@@ -77,6 +69,8 @@ attributes:
     support: full
   diff_mode:
     support: none
+extends_documentation_fragment:
+  - shadowline.gms.node_plan
 author:
   - shadowline contributors
 """

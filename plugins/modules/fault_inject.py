@@ -23,14 +23,6 @@ description:
     really went down and up.
   - The fault happens at the machine time I(at) (unix seconds), so the drill knows its load runs by then.
 options:
-  plan:
-    description: The cohort plan (the C(gms_plan) fact).
-    type: dict
-    required: true
-  host:
-    description: This node's name in the plan (its inventory name).
-    type: str
-    required: true
   fault:
     description: The fault.
     type: str
@@ -62,6 +54,8 @@ attributes:
     details: Reports what it would do and does nothing.
   diff_mode:
     support: none
+extends_documentation_fragment:
+  - shadowline.gms.node_plan
 author:
   - shadowline contributors
 """
