@@ -121,3 +121,13 @@ def test_runtime_without_gms_is_refused_for_real_backend():
     python = {"exists": True, "modules": {"dynamo.vllm": True, "gpu_memory_service": False}}
     (msg,) = preflight(facts(python=python))
     assert "cannot import gpu_memory_service" in msg
+
+
+def test_failover_settings_are_checked_with_their_fix():
+    assert problems_of(gms_failover={"planned_grace_s": -1}) == [
+        "gms_failover.planned_grace_s: must be a number of at least 0, got -1. Fix: set gms_failover.planned_grace_s "
+        "to a number such as 4 or 1.5."]
+    (msg,) = problems_of(gms_failover={"planned_grace_s": "soon"})
+    assert msg.startswith("gms_failover.planned_grace_s: must be a number of at least 0, got the string 'soon'.")
+    assert problems_of(gms_failover={"planed_grace_s": 5}) == [
+        "gms_failover.planed_grace_s: is not a known key. Fix: did you mean 'planned_grace_s'? Rename it, or remove it."]
