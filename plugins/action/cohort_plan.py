@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.contract import parse_contract
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.plan import build_plan
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.problems import Problem, format_problems
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.contract import parse_contract
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import build_plan
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.problems import Problem, format_problems
 from ansible_collections.shadowline.gms.plugins.plugin_utils.hostvars import contract_hosts, read_host
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline import units
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.lock import parse_holder
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.plan import restart_order
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import units
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.lock import parse_holder
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import restart_order
 
 UNIT_DIR = "/etc/systemd/system"
 

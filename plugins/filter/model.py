@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline import units
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.contract import effective_local_dir
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import units
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.contract import effective_local_dir
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.model.readiness import readiness_gate
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.model.report import (
     progress_line,

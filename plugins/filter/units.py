@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline import units
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import units
 
 
 RENDERERS: dict[str, Callable[..., str]] = {

@@ -116,7 +116,7 @@ timeline:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.failover import (
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.failover import (
     plan_failover,
     run_failover,
 )

@@ -145,8 +145,8 @@ from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.no
     wait_settled,
     wait_steady,
 )
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.cohort_state import lock_holder
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.events import read_events
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.cohort_state import lock_holder
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.events import read_events
 
 
 def main() -> None:

@@ -81,12 +81,12 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.contract import (
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.contract import (
     effective_local_dir,
     effective_paths,
     effective_python,
 )
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.node_facts import gather
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.node_facts import gather
 
 
 def main() -> None:

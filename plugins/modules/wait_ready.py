@@ -68,7 +68,7 @@ waited_s:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.waits import (
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.waits import (
     files_check,
     holder_check,
     http_check,

@@ -29,10 +29,10 @@ for _path in (str(REPO), str(LIB)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from shadowline.contract import parse_contract
-from shadowline.plan import Plan, Process, build_plan
-from shadowline.units import unit_name
-from shadowline.waits import poll
+from shadowline.deployment.contract import parse_contract
+from shadowline.deployment.plan import Plan, Process, build_plan
+from shadowline.deployment.units import unit_name
+from shadowline.control.waits import poll
 from testbed.pytest_fixtures import load_testbed  # launch.load_testbed: tests/e2e/test_drills.py uses it
 
 RUNTIME_PY = REPO / ".runtime" / "bin" / "python"
@@ -177,8 +177,8 @@ def process_state(host: str, pid: int) -> str | None:
 
 
 def lock_state(host: str, lock_path: str) -> tuple[bool, str | None]:
-    """(``shadowline.lock.is_locked``, ``read_holder``) of the lock file, evaluated inside the host."""
-    code = ("import sys; from shadowline import lock; p = sys.argv[1]; "
+    """(``shadowline.control.lock.is_locked``, ``read_holder``) of the lock file, evaluated inside the host."""
+    code = ("import sys; from shadowline.control import lock; p = sys.argv[1]; "
             "print(lock.is_locked(p), lock.read_holder(p) or '')")
     out = run_in(host, [str(RUNTIME_PY), "-c", code, lock_path]).stdout.split()
     return out[0] == "True", (out[1] if len(out) > 1 else None)
@@ -219,7 +219,7 @@ def machine_processes(host: str, name: str) -> list[MachineProcess]:
 
 def wait_for(what: str, check: Check, timeout_s: float, interval_s: float = 0.1,
              explain: Callable[[], str] | None = None) -> float:
-    """Poll ``check`` (None: ready, else what it saw; ``shadowline.waits.poll``) for at most ``timeout_s``.
+    """Poll ``check`` (None: ready, else what it saw; ``shadowline.control.waits.poll``) for at most ``timeout_s``.
     Returns the seconds waited; on timeout fails with what was seen last and ``explain()`` (e.g. a journal)."""
     ready, waited, seen = poll(check, timeout_s, interval_s)
     if not ready:

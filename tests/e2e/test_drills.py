@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from shadowline.failover_metrics import engine_failover_view
+from shadowline.control.failover_metrics import engine_failover_view
 from testbed.pytest_fixtures import skip_reason
 
 from . import launch

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from shadowline.failover_metrics import engine_failover_view
-from shadowline.plan import Plan
+from shadowline.control.failover_metrics import engine_failover_view
+from shadowline.deployment.plan import Plan
 from shadowline.standin.settings import heartbeat_path
 
 from . import launch

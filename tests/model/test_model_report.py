@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from modelkit import MODEL_ID, REV, REV2, make_model
 
-from shadowline import units
+from shadowline.deployment import units
 from shadowline.model.report import progress_line, status_table, trim_result
 from shadowline.model.spec import spec_from_inventory
 from shadowline.model.stage import ensure_model

@@ -32,8 +32,8 @@ def free_port_run(count: int, low: int = 20000, high: int = 28999) -> int:
 def loopback_plan(model_id: str, model_dir: str, cohorts: int = 2, backend: str = "dynamo_vllm",
                   etcd: str | None = None, **extra) -> dict:
     """The cohort plan (dict form) of a one-node deployment on 127.0.0.1 with free system ports."""
-    from shadowline.contract import parse_contract
-    from shadowline.plan import build_plan
+    from shadowline.deployment.contract import parse_contract
+    from shadowline.deployment.plan import build_plan
 
     base = free_port_run(cohorts)
     values = {

@@ -1,4 +1,4 @@
-"""shadowline.discovery against the real thing: etcd, NATS, dynamo.frontend and real Dynamo workers on loopback.
+"""shadowline.control.discovery against the real thing: etcd, NATS, dynamo.frontend and real Dynamo workers on loopback.
 
 1. Two ``dynamo.mocker`` workers laid out like real ``dynamo.vllm`` leaders of cohorts 0 and 1 (each worker's
    DYN_SYSTEM_PORT is its cohort's system port): what the records contain, the cohort match, and how fast a
@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from shadowline import discovery
-from shadowline.etcd_client import Etcd
+from shadowline.control import discovery
+from shadowline.control.etcd_client import Etcd
 from shadowline.slurm.load import Load
 
 from ..standin import harness

@@ -85,7 +85,7 @@ def test_every_command_stands_in_the_script_literally(tmp_path):
             assert " ".join(sh(a) for a in argv[:3]) in body  # /opt/dynamo/venv/bin/python -m dynamo.vllm
             assert f'--node-rank {rank["node_rank"]}' in body
         assert '--master-addr "${SL_ADDR_0}"' in body and "--headless" in body
-        assert "-m shadowline.watchdog" in body
+        assert "-m shadowline.control.watchdog" in body
     assert "--kill-on-bad-exit=1" in script.split("step_cohort_0() {", 1)[1].split("}", 1)[0]
     for option in ("--partition=gpu", "--account=proj-42", "--qos=high", "--time=2-00:00:00", "--exclusive",
                    "--gpus-per-node=8", "--job-name=llama-serve", "--output=/shared/jobs/%x-%j.log",

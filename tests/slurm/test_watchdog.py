@@ -1,4 +1,4 @@
-"""shadowline.watchdog: exit codes, signal forwarding, hangs by health and by heartbeat, on loopback.
+"""shadowline.control.watchdog: exit codes, signal forwarding, hangs by health and by heartbeat, on loopback.
 
 The last test runs a real stand-in cohort (leader + headless rank, the real dynamo.mocker registered in a real
 etcd) with each rank under a watchdog, freezes the leader, and checks both watchdogs end their ranks, the
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from shadowline import discovery, lock
-from shadowline.etcd_client import Etcd
-from shadowline.watchdog import EVENT_PREFIX, HANG_EXIT
+from shadowline.control import discovery, lock
+from shadowline.control.etcd_client import Etcd
+from shadowline.control.watchdog import EVENT_PREFIX, HANG_EXIT
 
 from ..standin import harness
 from ..loopback import free_port, wait_until
@@ -43,7 +43,7 @@ FAKE_LEADER = textwrap.dedent("""
 
 
 def watchdog(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "shadowline.watchdog", *args],
+    return subprocess.Popen([sys.executable, "-m", "shadowline.control.watchdog", *args],
                             env={**os.environ, "PYTHONPATH": str(LIB), **(env or {})}, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, **kw)
 
@@ -157,7 +157,7 @@ def test_standin_cohort_leader_hang(procs, infra, tiny_model, short_dir, tmp_pat
                              PYTHONPATH=str(LIB))
     ranks = []
     for rank in (0, 1):
-        argv = [str(harness.RUNTIME_PY), "-m", "shadowline.watchdog", "--health-timeout", "3",
+        argv = [str(harness.RUNTIME_PY), "-m", "shadowline.control.watchdog", "--health-timeout", "3",
                 "--heartbeat-stall", "3", "--", *harness.engine_argv(tiny_model, "tiny", tp=2, nnodes=2, rank=rank,
                                                                        master_port=master)]
         ranks.append(procs.start(f"rank-{rank}", argv, {**env, "SHADOWLINE_STANDIN_GPUS": GPUS[rank],

@@ -11,8 +11,8 @@ import signal
 import time
 
 from . import harness
-from shadowline import failover_metrics as fm
-from shadowline import lock
+from shadowline.control import failover_metrics as fm
+from shadowline.control import lock
 
 GPU = "GPU-5c1e7d2a-0000-4000-8000-000000000001"
 SHADOW_LIFECYCLE = [

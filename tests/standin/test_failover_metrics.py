@@ -1,11 +1,11 @@
-"""shadowline.failover_metrics: exact names and labels, persisted counters, parsing."""
+"""shadowline.control.failover_metrics: exact names and labels, persisted counters, parsing."""
 
 from __future__ import annotations
 
 import json
 import logging
 
-from shadowline import failover_metrics as fm
+from shadowline.control import failover_metrics as fm
 
 
 def test_render_names_labels_and_parse(tmp_path):

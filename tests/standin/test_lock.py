@@ -1,4 +1,4 @@
-"""shadowline.lock: acquire, holder content, release on SIGKILL, a probe that does not steal."""
+"""shadowline.control.lock: acquire, holder content, release on SIGKILL, a probe that does not steal."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import threading
 import time
 
 from . import harness
-from shadowline import lock
+from shadowline.control import lock
 
 HOLDER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {lib!r})
-    from shadowline import lock
+    from shadowline.control import lock
     held = lock.acquire({path!r}, {engine!r})
     print("held", held.contended, flush=True)
     time.sleep(600)

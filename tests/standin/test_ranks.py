@@ -9,8 +9,8 @@ import time
 import pytest
 
 from . import harness
-from shadowline import failover_metrics as fm
-from shadowline import lock
+from shadowline.control import failover_metrics as fm
+from shadowline.control import lock
 
 GPUS = ["GPU-9d0e5b7c-0000-4000-8000-0000000000a0", "GPU-9d0e5b7c-0000-4000-8000-0000000000a1"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from shadowline.contract import parse_contract
-from shadowline.preflight import run_preflight
+from shadowline.deployment.contract import parse_contract
+from shadowline.deployment.preflight import run_preflight
 
 from .helpers import hostvars
 

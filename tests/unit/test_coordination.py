@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shadowline.coordination import FAILED, LAUNCHING, RUNNING, Coordination, Slot
-from shadowline.etcd_client import Etcd
+from shadowline.control.coordination import FAILED, LAUNCHING, RUNNING, Coordination, Slot
+from shadowline.control.etcd_client import Etcd
 
 from tests.slurm.local_infra import start_etcd
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from shadowline.contract import parse_contract
+from shadowline.deployment.contract import parse_contract
 from shadowline.drill.faults import FAULTS, DrillError, choose_target
 from shadowline.drill.load import run_load, summarize
 from shadowline.drill.report import compute_report, fault_time, render_table
 from shadowline.drill.svg import render_svg
-from shadowline.plan import build_plan
+from shadowline.deployment.plan import build_plan
 
 from tests.unit.helpers import hostvars
 

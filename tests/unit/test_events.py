@@ -1,4 +1,4 @@
-"""shadowline.events: the one event log schema the agent and the Slurm supervisor write, and its reader."""
+"""shadowline.control.events: the one event log schema the agent and the Slurm supervisor write, and its reader."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from shadowline.events import EventLog, human_line, read_events
+from shadowline.control.events import EventLog, human_line, read_events
 
 KEYS = {"time", "node", "cohort", "generation", "event", "detail"}
 

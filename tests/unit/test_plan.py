@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shadowline.contract import parse_contract
-from shadowline.plan import Plan, build_plan, standin_gpu_uuids
-from shadowline.ports import port_problems
+from shadowline.deployment.contract import parse_contract
+from shadowline.deployment.plan import Plan, build_plan, standin_gpu_uuids
+from shadowline.deployment.ports import port_problems
 
 from .helpers import hostvars
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from shadowline import units
-from shadowline.contract import parse_contract
-from shadowline.plan import build_plan
+from shadowline.deployment import units
+from shadowline.deployment.contract import parse_contract
+from shadowline.deployment.plan import build_plan
 
 from .helpers import hostvars
 

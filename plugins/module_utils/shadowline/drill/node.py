@@ -18,12 +18,12 @@ import sys
 import time
 from typing import Any
 
-from ..cohort_state import http_get, leader_view, lock_holder, unit_status
-from ..coordination import DEAD, RUNNING, Coordination
-from ..etcd_client import Etcd, EtcdError
-from ..events import read_events
-from ..proc import cgroup_pids, monotonic_to_unix, unit_cgroup, unit_properties
-from ..units import unit_name
+from ..control.cohort_state import http_get, leader_view, lock_holder, unit_status
+from ..control.coordination import DEAD, RUNNING, Coordination
+from ..control.etcd_client import Etcd, EtcdError
+from ..control.events import read_events
+from ..control.proc import cgroup_pids, monotonic_to_unix, unit_cgroup, unit_properties
+from ..deployment.units import unit_name
 from .faults import FAULTS, DrillError, cut_unit_name, fault_control_path
 
 Plan = dict[str, Any]

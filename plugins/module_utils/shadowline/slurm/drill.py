@@ -37,10 +37,10 @@ import threading
 import time
 from typing import Any
 
-from .. import discovery
-from ..etcd_client import Etcd, EtcdError
-from ..events import read_events
-from ..cohort_state import leader_view
+from ..control import discovery
+from ..control.etcd_client import Etcd, EtcdError
+from ..control.events import read_events
+from ..control.cohort_state import leader_view
 from .load import Load
 
 FAULTS = {

@@ -60,7 +60,7 @@ def engine_rank(pids: list[int], rank: int) -> int | None:
     """The engine process of node rank ``rank`` among ``pids`` (not its watchdog, not its worker)."""
     for pid in pids:
         argv = cmdline(pid)
-        if "shadowline.watchdog" in argv or not any(m in argv for m in ENGINE_MODULES):
+        if "shadowline.control.watchdog" in argv or not any(m in argv for m in ENGINE_MODULES):
             continue
         node_rank = argv[argv.index("--node-rank") + 1] if "--node-rank" in argv[:-1] else "0"
         if node_rank == str(rank):

@@ -19,16 +19,16 @@ import re
 from dataclasses import asdict
 from typing import Any
 
-from ..contract import parse_contract
-from ..plan import GMS_MODULE, build_plan, shell_quote
-from ..problems import Problem
-from ..values import as_int
+from ..deployment.contract import parse_contract
+from ..deployment.plan import GMS_MODULE, build_plan, shell_quote
+from ..deployment.problems import Problem
+from ..deployment.values import as_int
 from .options import SlurmOptions, parse_slurm_options
 
 PLACEHOLDER_RE = re.compile(r"@SL_ADDR_(\d+)@")
 SLURM_VARIABLES = ["gms_slurm"]  # the Slurm-only variables (to be listed in contract.KNOWN_VARIABLES)
 HOST_ONLY = ("gms_node_rank", "gms_node_address")
-WATCHDOG_MODULE = "shadowline.watchdog"
+WATCHDOG_MODULE = "shadowline.control.watchdog"
 NODE_TASKS_MODULE = "shadowline.slurm.node_tasks"
 
 

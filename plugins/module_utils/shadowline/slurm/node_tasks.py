@@ -21,7 +21,7 @@ from ..model.manifest import load_manifest
 from ..model.spec import status_path_for
 from ..model.status import FAILED, READY, read_status
 from ..model.verify import verify_dir
-from ..waits import files_check, poll
+from ..control.waits import files_check, poll
 
 
 def model_status(local_dir: str, model_id: str, revision: str) -> dict[str, Any]:

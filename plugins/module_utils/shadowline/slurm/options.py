@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..problems import Problem
-from ..values import Reader, describe
+from ..deployment.problems import Problem
+from ..deployment.values import Reader, describe
 
 RUNTIMES = ["pyxis", "apptainer"]
 TIME_RE = re.compile(r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}"  # minutes, MM:SS, HH:MM:SS

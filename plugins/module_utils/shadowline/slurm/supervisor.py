@@ -36,15 +36,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import discovery
-from ..etcd_client import Etcd, EtcdError
-from ..events import EventLog
+from ..control import discovery
+from ..control.etcd_client import Etcd, EtcdError
+from ..control.events import EventLog
 from ..model.fsutil import atomic_write_json
 from ..model.readiness import readiness_gate
-from ..waits import http_check, poll
-from ..watchdog import EVENT_PREFIX
+from ..control.waits import http_check, poll
+from ..control.watchdog import EVENT_PREFIX
 from .allocation import AllocationError, Node, allocation, concrete, read_spec
-from ..cohort_state import leader_state
+from ..control.cohort_state import leader_state
 from .load import complete
 
 INFRA = ("gms", "etcd", "nats", "frontend")

@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..failover_metrics import render_family
+from ..control.failover_metrics import render_family
 
 log = logging.getLogger("shadowline.standin.cohort")
 

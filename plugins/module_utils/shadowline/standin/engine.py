@@ -34,8 +34,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import lock as failover_lock
-from ..failover_metrics import FailoverMetrics
+from ..control import lock as failover_lock
+from ..control.failover_metrics import FailoverMetrics
 from . import cohort, faults, gms_client, logs, settings, system_server, weights
 from .worker import Worker, http_get
 

@@ -147,7 +147,7 @@ def agent_unit(plan: Plan, host: str) -> str:
     """The node agent: root (it stops and starts the engine units and kills their cgroups), never restarted
     into a second copy (it holds a lock), its state and event log under the deployment's state directory."""
     python = plan["gms_servers"][0]["argv"][0]
-    process = {"argv": [python, "-m", "shadowline.agent", "--plan", f"{plan['config_dir']}/plan.json",
+    process = {"argv": [python, "-m", "shadowline.control.agent", "--plan", f"{plan['config_dir']}/plan.json",
                         "--host", host], "env": {"SHADOWLINE_DEPLOYMENT": plan["deployment"]}}
     text = _service(plan, f"shadowline {plan['deployment']}: failover agent", process,
                     [plan["state_dir"], plan["socket_dir"]], user=None, after=[], requires=[],

@@ -1,7 +1,7 @@
 """shadowline-agent: one per node; detects failures of the cohorts' ranks, tears a failed generation down on
 every node at once, verifies the promotion and relaunches a fresh shadow.
 
-Run as ``python -m shadowline.agent --plan /etc/shadowline/<deployment>/plan.json --host <node>``.
+Run as ``python -m shadowline.control.agent --plan /etc/shadowline/<deployment>/plan.json --host <node>``.
 
 Each agent owns its node's ranks (the engine units ``shadowline-<deployment>-engine@<cohort>``): it watches
 their main processes through pidfds (an exit is known at once), their leaders' /health, and (stand-in) their
@@ -31,14 +31,14 @@ from .agent_metrics import AgentMetrics
 from .cohort_state import http_get, leader_base, leader_view, lock_holder
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Slot
 from .discovery import cohort_registrations, listening_ports, revoke_leases
-from .drill.load import Request, completion_body, send
+from ..drill.load import Request, completion_body, send
 from .etcd_client import Etcd, EtcdError, Event
 from .events import EventLog
 from .lock import parse_holder
 from .proc import (alive, cgroup_pids, kill_cgroup, monotonic_to_unix, pidfd_open, systemctl, terminate_cgroup,
                    unit_properties)
-from .standin.settings import heartbeat_path
-from .units import unit_name
+from ..standin.settings import heartbeat_path
+from ..deployment.units import unit_name
 
 TICK_S = 0.05  # how often the loop looks at the lock and heartbeats when nothing wakes it
 CHECK_S = 0.2  # how often it asks leaders' /health and (driver) re-reads the slots

@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..cohort_state import lock_holder
-from ..coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Slot
-from ..etcd_client import Etcd, EtcdError
-from ..events import read_events
-from .faults import DrillError, serving_cohort
+from .cohort_state import lock_holder
+from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Slot
+from .etcd_client import Etcd, EtcdError
+from .events import read_events
+from ..drill.faults import DrillError, serving_cohort
 
 Plan = dict[str, Any]
 MODES = ("planned", "forced")

@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model.errors import SpecError
-from .model.spec import FORMATS, PINNED_RE, parse_source
+from ..model.errors import SpecError
+from ..model.spec import FORMATS, PINNED_RE, parse_source
 from .problems import Problem
 from .values import Reader, describe, suggest
 

@@ -17,8 +17,8 @@ from typing import Any
 from .failover_metrics import EngineFailoverView, engine_failover_view
 from .lock import is_locked, read_holder
 from .proc import unit_properties
-from .standin.settings import heartbeat_path
-from .units import unit_name
+from ..standin.settings import heartbeat_path
+from ..deployment.units import unit_name
 
 LEADER_STATES = {"standby": "parked", "waking": "waking", "active": "active", "init": "starting"}
 

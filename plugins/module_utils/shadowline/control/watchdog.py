@@ -1,4 +1,4 @@
-"""Run one engine rank as a child and turn a hang into an exit: ``python -m shadowline.watchdog [options] -- ARGV``.
+"""Run one engine rank as a child and turn a hang into an exit: ``python -m shadowline.control.watchdog [options] -- ARGV``.
 
 A dead rank ends its Slurm step by itself (``srun --kill-on-bad-exit=1``); a hung one would not: vLLM's
 ``/health`` can stay 200 while a rank is stuck, and headless ranks wait forever in a collective. The watchdog
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from . import discovery
 from .etcd_client import Etcd, EtcdError
-from .standin import settings as standin_settings
+from ..standin import settings as standin_settings
 
 HANG_EXIT = 124
 EVENT_PREFIX = "SHADOWLINE_EVENT "
@@ -51,7 +51,7 @@ EVENT_PREFIX = "SHADOWLINE_EVENT "
 
 def log(message: str) -> None:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
-    print(f"{stamp} shadowline.watchdog[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
+    print(f"{stamp} shadowline.control.watchdog[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
 
 
 def emit(event: str, **detail: object) -> None:
@@ -227,7 +227,7 @@ def teardown(target: Target, child: subprocess.Popen, event: str, reason: str, r
 # -- main loop ------------------------------------------------------------------------------------------ #
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m shadowline.watchdog",
+    p = argparse.ArgumentParser(prog="python -m shadowline.control.watchdog",
                                 description="Run an engine rank; exit non-zero when its health or heartbeat stalls.")
     p.add_argument("--health-timeout", type=float, default=3.0, help="seconds without a 200 from /health (leader)")
     p.add_argument("--heartbeat-stall", type=float, default=3.0, help="seconds without a heartbeat change (stand-in)")
