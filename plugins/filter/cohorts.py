@@ -9,31 +9,32 @@ from typing import Any, Callable
 
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import units
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.lock import parse_holder
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import restart_order
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan, restart_order
 
 UNIT_DIR = "/etc/systemd/system"
 
 
 def cohort_order(plan: dict[str, Any], lock_content: str | None = None) -> list[int]:
     """Cohort ids in start order given the lock file's content (C(engine-<id>), or empty)."""
-    return restart_order([c["cohort"] for c in plan["cohorts"]], parse_holder(lock_content or ""))
+    return restart_order(Plan.from_dict(plan).cohort_ids, parse_holder(lock_content or ""))
 
 
-def _dropin_dir(plan: dict[str, Any], cohort: int) -> str:
-    return f"{UNIT_DIR}/{units.unit_name(plan, 'engine', cohort)}.d"
+def _dropin_dir(plan: Plan, cohort: int) -> str:
+    return f"{UNIT_DIR}/{plan.unit_name('engine', cohort)}.d"
 
 
 def engine_files(plan: dict[str, Any], host: str, model_digest: str = "") -> dict[str, list[dict[str, str]]]:
     """Every directory and file of the engines on a host, as shadowline.gms.install_files takes them: each
     cohort's home and drop-in directory; the template unit; per cohort its command and environment (plan.conf)
     and, once the readiness gate passed, the digest of the model its ranks start on (model.conf)."""
+    plan = Plan.from_dict(plan)
     root = {"owner": "root", "group": "root"}
-    user = {"owner": plan["service_user"], "group": plan["service_user"]}
-    directories, files = [], [{"path": f"{UNIT_DIR}/{units.unit_name(plan, 'engine')}",
+    user = {"owner": plan.service_user, "group": plan.service_user}
+    directories, files = [], [{"path": f"{UNIT_DIR}/{plan.unit_name('engine')}",
                                "content": units.engine_template(plan), "mode": "0644", **root}]
-    for cohort in (c["cohort"] for c in plan["cohorts"]):
+    for cohort in plan.cohort_ids:
         dropin = _dropin_dir(plan, cohort)
-        directories += [{"path": f"{plan['state_dir']}/engines/{cohort}", "mode": "0750", **user},
+        directories += [{"path": f"{plan.engines_dir}/{cohort}", "mode": "0750", **user},
                         {"path": dropin, "mode": "0755", **root}]
         files.append({"path": f"{dropin}/plan.conf", "content": units.engine_dropin(plan, host, cohort),
                       "mode": "0644", **root})
@@ -46,11 +47,11 @@ def engine_files(plan: dict[str, Any], host: str, model_digest: str = "") -> dic
 def engine_changed_cohorts(plan: dict[str, Any], changed_paths: list[str] | None) -> list[int]:
     """The cohorts whose units changed, from install_files' changed_paths: all of them when the template
     changed, else those with a changed drop-in file."""
+    plan = Plan.from_dict(plan)
     changed = set(changed_paths or [])
-    if f"{UNIT_DIR}/{units.unit_name(plan, 'engine')}" in changed:
-        return [c["cohort"] for c in plan["cohorts"]]
-    return [c["cohort"] for c in plan["cohorts"]
-            if any(p.startswith(_dropin_dir(plan, c["cohort"]) + "/") for p in changed)]
+    if f"{UNIT_DIR}/{plan.unit_name('engine')}" in changed:
+        return plan.cohort_ids
+    return [c for c in plan.cohort_ids if any(p.startswith(_dropin_dir(plan, c) + "/") for p in changed)]
 
 
 class FilterModule:

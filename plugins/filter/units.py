@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import units
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
 
 
 RENDERERS: dict[str, Callable[..., str]] = {
@@ -20,11 +21,13 @@ RENDERERS: dict[str, Callable[..., str]] = {
 
 
 def unit_name(plan: dict[str, Any], kind: str, cohort: int | None = None) -> str:
-    return units.unit_name(plan, kind, None if cohort is None else int(cohort))
+    """The one rule for unit names (shadowline-<deployment>-<kind>.service, engine@<cohort>)."""
+    return Plan.from_dict(plan).unit_name(kind, None if cohort is None else int(cohort))
 
 
 def unit_text(plan: dict[str, Any], kind: str, host: str | None = None, cohort: int | None = None) -> str:
     """The unit file (or, for kind engine with a cohort, that cohort's drop-in) for a host."""
+    plan = Plan.from_dict(plan)
     try:
         if kind == "frontend":
             return units.frontend_unit(plan)

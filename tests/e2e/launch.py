@@ -31,7 +31,7 @@ for _path in (str(REPO), str(LIB)):
 
 from shadowline.deployment.contract import parse_contract
 from shadowline.deployment.plan import Plan, Process, build_plan
-from shadowline.deployment.units import unit_name
+from shadowline.deployment.plan import unit_name
 from shadowline.control.waits import poll
 from testbed.pytest_fixtures import load_testbed  # launch.load_testbed: tests/e2e/test_drills.py uses it
 
@@ -69,7 +69,7 @@ def standin_plan(hosts: Sequence[Any], deployment: str, model_dir: Path, *, coho
 
 def unit(plan: Plan, kind: str, cohort: int | None = None) -> str:
     """The unit name the roles give this process (``shadowline-<deployment>-<kind>[@<cohort>].service``)."""
-    return unit_name({"deployment": plan.deployment}, kind, cohort)
+    return unit_name(plan.deployment, kind, cohort)
 
 
 # -- running things inside a host ----------------------------------------------------------------------- #

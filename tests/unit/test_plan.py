@@ -153,3 +153,32 @@ def test_custom_ports_and_paths():
                     gms_socket_dir="/srv/gms", gms_cohorts=3)
     assert [c.ports.master for c in plan.cohorts] == [31000, 31010, 31020]
     assert plan.lock_path == "/srv/gms/failover.lock"
+
+
+def test_the_dict_form_round_trips_to_the_same_typed_plan():
+    """One boundary: to_dict for Ansible (gms_plan, plan.json), from_dict back for every Python consumer."""
+    import json
+
+    hv, hosts = hostvars(3, gms_python="/usr/bin/python3", gms_engine={"tensor_parallel_size": 3})
+    contract, problems = parse_contract(hv, hosts)
+    assert not problems
+    plan = build_plan(contract)
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert Plan.from_dict(data) == plan
+    assert Plan.from_dict(data).to_dict() == data
+    newer = {**data, "tls": {"ca": "/etc/x"}}  # a key of a newer plan is carried, not lost
+    assert Plan.from_dict(newer).to_dict()["tls"] == {"ca": "/etc/x"}
+    assert plan.python == "/usr/bin/python3" and plan.leader_node.rank == 0
+    assert plan.cohort(1).leader.host == plan.leader_node.host and plan.cohort(1).holder == "engine-1"
+    assert plan.unit_name("engine", 1) == f"shadowline-{plan.deployment}-engine@1.service"
+
+
+def test_relaunch_policy_backs_off_and_gives_up():
+    from shadowline.control.policy import RelaunchPolicy
+    from shadowline.deployment.contract import DEFAULT_FAILOVER, Failover
+    policy = RelaunchPolicy.of(Failover(**{**DEFAULT_FAILOVER, "relaunch_backoff_s": 0.5, "relaunch_backoff_max_s": 3.0,
+                                           "max_relaunch_attempts": 3, "stable_after_s": 30.0}))
+    assert [policy.delay(n) for n in range(6)] == [0.0, 0.5, 1.0, 2.0, 3.0, 3.0]
+    assert policy.attempts_after(2, 5.0) == 3 and policy.attempts_after(2, 31.0) == 0
+    assert policy.attempts_after(0, None) == 1  # a launch that failed to start counts as quick
+    assert not policy.gives_up(3) and policy.gives_up(4)

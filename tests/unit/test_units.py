@@ -11,17 +11,17 @@ import pytest
 
 from shadowline.deployment import units
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import build_plan
+from shadowline.deployment.plan import Plan, build_plan
 
 from .helpers import hostvars
 
 
-def plan_dict(**shared) -> dict:
+def typed_plan(**shared) -> Plan:
     shared.setdefault("gms_engine", {"tensor_parallel_size": 16})
     hv, hosts = hostvars(2, gms_python="/usr/bin/python3", gms_service_user="root", **shared)
     contract, problems = parse_contract(hv, hosts)
     assert not problems
-    return build_plan(contract).to_dict()
+    return build_plan(contract)
 
 
 def test_quoting_keeps_specifiers_and_variables_literal():
@@ -32,16 +32,16 @@ def test_quoting_keeps_specifiers_and_variables_literal():
 
 
 def test_engine_dropin_runs_the_plan_verbatim():
-    plan = plan_dict(gms_engine={"tensor_parallel_size": 16, "extra_args": ["--override", '{"k": "v w"}']})
+    plan = typed_plan(gms_engine={"tensor_parallel_size": 16, "extra_args": ["--override", '{"k": "v w"}']})
     text = units.engine_dropin(plan, "node1", 1)
-    argv = plan["cohorts"][1]["ranks"][1]["process"]["argv"]
+    argv = plan.cohort(1).rank_on("node1").process.argv
     assert units.exec_start(argv) in text
     assert 'Environment="ENGINE_ID=1"' in text and 'Environment="DYN_SYSTEM_PORT=8081"' in text
     assert text.splitlines()[-1].endswith('"{\\"k\\": \\"v w\\"}"')
 
 
 def test_engine_template_never_restarts_and_kills_the_whole_group():
-    text = units.engine_template(plan_dict())
+    text = units.engine_template(typed_plan())
     for line in ("Restart=no", "KillMode=control-group", "NoNewPrivileges=yes", "ProtectSystem=strict",
                  "PrivateTmp=yes", "User=root", "ReadWritePaths=/run/shadowline/llama/gms /var/lib/shadowline/llama/engines"):
         assert line in text.splitlines()
@@ -49,22 +49,22 @@ def test_engine_template_never_restarts_and_kills_the_whole_group():
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is part of systemd")
 def test_every_rendered_unit_passes_systemd_analyze_verify(tmp_path: Path):
-    plan = plan_dict()
+    plan = typed_plan()
     files = {
-        units.unit_name(plan, "gms"): units.gms_unit(plan, "node0"),
-        units.unit_name(plan, "frontend"): units.frontend_unit(plan),
-        units.unit_name(plan, "engine"): units.engine_template(plan),
+        plan.unit_name("gms"): units.gms_unit(plan, "node0"),
+        plan.unit_name("frontend"): units.frontend_unit(plan),
+        plan.unit_name("engine"): units.engine_template(plan),
     }
     for binary, kind, render in (("/usr/bin/etcd", "etcd", units.etcd_unit), ("/usr/sbin/nats-server", "nats", units.nats_unit)):
         assert os.path.exists(binary), f"{binary} missing: make setup installs it"
-        files[units.unit_name(plan, kind)] = render(plan, "node0")
+        files[plan.unit_name(kind)] = render(plan, "node0")
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     for cohort in (0, 1):
-        dropin = tmp_path / f"{units.unit_name(plan, 'engine', cohort)}.d"
+        dropin = tmp_path / f"{plan.unit_name('engine', cohort)}.d"
         dropin.mkdir()
         (dropin / "plan.conf").write_text(units.engine_dropin(plan, "node1", cohort))
-    names = [n for n in files if "@" not in n] + [units.unit_name(plan, "engine", c) for c in (0, 1)]
+    names = [n for n in files if "@" not in n] + [plan.unit_name("engine", c) for c in (0, 1)]
     result = subprocess.run(["systemd-analyze", "verify", *names], cwd=tmp_path, capture_output=True, text=True,
                             env={**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"})
     assert result.returncode == 0, result.stderr

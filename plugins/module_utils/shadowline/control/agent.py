@@ -38,7 +38,7 @@ from .lock import parse_holder
 from .proc import (alive, cgroup_pids, kill_cgroup, monotonic_to_unix, pidfd_open, systemctl, terminate_cgroup,
                    unit_properties)
 from ..standin.settings import heartbeat_path
-from ..deployment.units import unit_name
+from ..deployment.plan import unit_name
 
 TICK_S = 0.05  # how often the loop looks at the lock and heartbeats when nothing wakes it
 CHECK_S = 0.2  # how often it asks leaders' /health and (driver) re-reads the slots
@@ -178,7 +178,7 @@ class Agent:
     def track_gms(self) -> None:
         if self.gms_pidfd is not None:
             return
-        props = unit_properties(unit_name(self.plan, "gms"), "MainPID", "ActiveState")
+        props = unit_properties(unit_name(self.plan["deployment"], "gms"), "MainPID", "ActiveState")
         pid = int(props.get("MainPID", "0") or 0)
         if props.get("ActiveState") == "active" and pid:
             self.gms_pidfd = pidfd_open(pid)
@@ -278,7 +278,7 @@ class Agent:
                     self.coord.create_slot(Slot(cohort=c, generation=1, state=LAUNCHING, reason="not running"))
 
     def track(self, cohort: int, generation: int) -> LocalRank | None:
-        unit = unit_name(self.plan, "engine", cohort)
+        unit = unit_name(self.plan["deployment"], "engine", cohort)
         props = unit_properties(unit, "MainPID", "ActiveState", "ControlGroup", "ExecMainStartTimestampMonotonic")
         pid = int(props.get("MainPID", "0") or 0)
         if props.get("ActiveState") != "active" or not pid:
@@ -364,7 +364,7 @@ class Agent:
 
     def launch(self, cohort: int, generation: int, now: float) -> None:
         """Start this node's rank of a new generation without waiting for it (the loop tracks it next)."""
-        unit = unit_name(self.plan, "engine", cohort)
+        unit = unit_name(self.plan["deployment"], "engine", cohort)
         systemctl("reset-failed", unit)
         systemctl("start", "--no-block", unit)
         self.starting[cohort] = (generation, now)
@@ -377,7 +377,7 @@ class Agent:
                 if failure is None:
                     continue  # the start job is still queued or running
                 del self.starting[cohort]
-                status = systemctl("status", "--no-pager", "-n", "5", unit_name(self.plan, "engine", cohort))
+                status = systemctl("status", "--no-pager", "-n", "5", unit_name(self.plan["deployment"], "engine", cohort))
                 self.events.write("launch-failed", cohort, generation, failure=failure,
                                   status=status.stdout.strip()[-400:])
                 self.declare(cohort, generation, "launch-failed", now)
@@ -391,7 +391,7 @@ class Agent:
 
     def start_failure(self, cohort: int, since: float, now: float) -> str | None:
         """Why a unit this agent started is not running, as soon as systemd says so; None while it starts."""
-        props = unit_properties(unit_name(self.plan, "engine", cohort), "ActiveState", "SubState", "Result")
+        props = unit_properties(unit_name(self.plan["deployment"], "engine", cohort), "ActiveState", "SubState", "Result")
         state = props.get("ActiveState", "unknown")
         if state == "failed":
             return f"the unit failed ({props.get('Result', '?')})"
@@ -447,7 +447,7 @@ class Agent:
         if generation >= slot.generation and not (slot.state in (FAILED, DEAD) and generation == slot.generation):
             return
         del self.starting[cohort]
-        systemctl("stop", unit_name(self.plan, "engine", cohort))
+        systemctl("stop", unit_name(self.plan["deployment"], "engine", cohort))
         self.events.write("launch-abandoned", cohort, generation, slot_generation=slot.generation,
                           slot_state=slot.state)
 

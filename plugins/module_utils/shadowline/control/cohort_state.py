@@ -18,7 +18,7 @@ from .failover_metrics import EngineFailoverView, engine_failover_view
 from .lock import is_locked, read_holder
 from .proc import unit_properties
 from ..standin.settings import heartbeat_path
-from ..deployment.units import unit_name
+from ..deployment.plan import unit_name
 
 LEADER_STATES = {"standby": "parked", "waking": "waking", "active": "active", "init": "starting"}
 
@@ -74,7 +74,7 @@ def rank_states(plan: dict[str, Any], host: str, health_timeout_s: float = 1.0,
         rank = next((r for r in cohort["ranks"] if r["host"] == host), None)
         if rank is None:
             continue
-        unit = unit_name(plan, "engine", cohort["cohort"])
+        unit = unit_name(plan["deployment"], "engine", cohort["cohort"])
         status = unit_status(unit)
         entry: dict[str, Any] = {
             "cohort": cohort["cohort"], "role": cohort["role"], "host": host, "rank": rank["node_rank"],

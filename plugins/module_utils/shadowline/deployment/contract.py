@@ -13,10 +13,10 @@ from typing import Any
 
 from ..model.errors import SpecError
 from ..model.spec import FORMATS, PINNED_RE, parse_source
+from ..backends import NAMES as BACKENDS
 from .problems import Problem
 from .values import Reader, describe, suggest
 
-BACKENDS = ["dynamo_vllm", "standin"]
 SAFE_FORMATS = ["safetensors"]
 PICKLE_FORMATS = [f for f in FORMATS if f not in SAFE_FORMATS]
 DEPLOYMENT_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")

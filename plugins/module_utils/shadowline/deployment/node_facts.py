@@ -11,6 +11,9 @@ import shutil
 import subprocess
 from typing import Any
 
+from ..backends import BACKENDS
+from ..backends import backend as backend_strategy
+
 NETWORK_FILESYSTEMS = {
     "nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "smbfs", "afs", "9p", "ceph", "glusterfs",
     "fuse.glusterfs", "fuse.sshfs", "fuse.gcsfuse", "fuse.s3fs", "fuse.beegfs", "pvfs2", "orangefs",
@@ -205,7 +208,7 @@ print(json.dumps(found))
 
 def python_facts(python: str, backend: str | None) -> dict[str, Any]:
     """Whether the runtime interpreter exists and finds the modules the backend needs (without loading CUDA)."""
-    modules = ["dynamo.vllm", "gpu_memory_service"] if backend == "dynamo_vllm" else []
+    modules = list(backend_strategy(backend).runtime_modules) if backend in BACKENDS else []
     facts: dict[str, Any] = {"path": python, "exists": os.access(python, os.X_OK), "modules": {}}
     if not facts["exists"] or not modules:
         return facts

@@ -9,17 +9,15 @@ shadowline.standin.engine`` with exactly the same flags and environment: only th
 from __future__ import annotations
 
 import json
-import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from ..backends import Backend, backend
+from ..backends.standin import gpu_uuids
 from .contract import CONFIG_DIR, STATE_DIR, Contract, Failover, Node, Ports
 from .ports import CohortPorts, cohort_ports
 
-ENGINE_MODULE = {"dynamo_vllm": "dynamo.vllm", "standin": "shadowline.standin.engine"}
-GMS_MODULE = {"dynamo_vllm": "gpu_memory_service.cli.server", "standin": "shadowline.standin.gms_server"}
 FRONTEND_MIGRATION_LIMIT = 3
-STANDIN_GPU_NAMESPACE = uuid.UUID("5d0c3c36-6f1e-4a53-9a3c-2f6b1f0a7e21")
 
 
 @dataclass(frozen=True)
@@ -55,6 +53,21 @@ class CohortPlan:
     def rank_on(self, host: str) -> RankPlan:
         return next(r for r in self.ranks if r.host == host)
 
+    @property
+    def leader(self) -> RankPlan:
+        """Rank 0: runs the Dynamo runtime, serves /health and /metrics, takes the failover lock."""
+        return next(r for r in self.ranks if r.leader)
+
+    @property
+    def system_url(self) -> str:
+        """The leader's system server (/health, /metrics, the failover state)."""
+        return f"http://{self.leader.address}:{self.ports.system}"
+
+    @property
+    def holder(self) -> str:
+        """What this cohort's leader writes into the failover lock file when it holds the lock."""
+        return f"engine-{self.engine_id}"
+
 
 @dataclass(frozen=True)
 class InfraPlan:
@@ -86,12 +99,145 @@ class Plan:
     infra: InfraPlan
     gms_servers: tuple[Process, ...]  # one per node, in rank order
     cohorts: tuple[CohortPlan, ...]
+    python: str  # the runtime's interpreter on every node (engines, GMS server, frontend, agent)
+    extra: dict[str, Any] = field(default_factory=dict)  # keys a newer plan carries that this code does not know
 
+    # --- the one boundary: data for Ansible (the gms_plan fact, plan.json) and back ---------------------------
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self)))
+        data = json.loads(json.dumps(asdict(self)))
+        data.pop("extra", None)
+        data.update(self.extra)
+        return data
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """The typed plan from its dict form (the `gms_plan` fact, plan.json, the spec of a Slurm script)."""
+        if isinstance(data, Plan):
+            return data
+        return _plan_from_dict(data)
+
+    @classmethod
+    def load(cls, path: str) -> Plan:
+        with open(path, encoding="utf-8") as handle:
+            return cls.from_dict(json.load(handle))
+
+    # --- the lookups every consumer needs -------------------------------------------------------------------
     def cohort(self, cohort: int) -> CohortPlan:
         return self.cohorts[cohort]
+
+    @property
+    def engine(self) -> Backend:
+        """The backend's strategy: modules, environment, progress signals."""
+        return backend(self.backend)
+
+    def has_cohort(self, cohort: object) -> bool:
+        return isinstance(cohort, int) and not isinstance(cohort, bool) and 0 <= cohort < len(self.cohorts)
+
+    @property
+    def cohort_ids(self) -> list[int]:
+        return [c.cohort for c in self.cohorts]
+
+    @property
+    def leader_node(self) -> Node:
+        """Node rank 0: every cohort's leader, the failover lock and the agents' driver live there."""
+        return self.nodes[0]
+
+    @property
+    def hosts(self) -> list[str]:
+        return [n.host for n in self.nodes]
+
+    def node(self, host: str) -> Node:
+        for node in self.nodes:
+            if node.host == host:
+                return node
+        raise KeyError(f"{host} is not a node of deployment {self.deployment} (nodes: {', '.join(self.hosts)})")
+
+    def gms_server_on(self, host: str) -> Process:
+        return _on_host(self.gms_servers, host)
+
+    @property
+    def events_path(self) -> str:
+        """The node's structured event log (agent, Slurm supervisor)."""
+        return f"{self.state_dir}/events.jsonl"
+
+    @property
+    def engines_dir(self) -> str:
+        """Each cohort's HOME lives below it: <engines_dir>/<cohort>."""
+        return f"{self.state_dir}/engines"
+
+    @property
+    def plan_path(self) -> str:
+        """Where the agent role writes plan.json on every node."""
+        return f"{self.config_dir}/plan.json"
+
+    @property
+    def lock_dir(self) -> str:
+        return self.lock_path.rsplit("/", 1)[0] or "/"
+
+    def unit_name(self, kind: str, cohort: int | None = None) -> str:
+        """shadowline-<deployment>-<kind>.service, or the engine instance (cohort given) / template name."""
+        return unit_name(self.deployment, kind, cohort)
+
+    def agent_lock_path(self, host: str) -> str:
+        return f"{self.state_dir}/agent-{host}.lock"
+
+
+def unit_name(deployment: str, kind: str, cohort: int | None = None) -> str:
+    """The one rule for unit names: shadowline-<deployment>-<kind>.service; engines are a template unit."""
+    base = f"shadowline-{deployment}-{kind}"
+    if kind == "engine":
+        return f"{base}@{cohort}.service" if cohort is not None else f"{base}@.service"
+    return f"{base}.service"
+
+
+def _on_host(processes: tuple[Process, ...], host: str) -> Process:
+    for process in processes:
+        if process.host == host:
+            return process
+    raise KeyError(f"the plan has no such process on {host}")
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+def _process(data: dict[str, Any]) -> Process:
+    return Process(host=data["host"], argv=tuple(data["argv"]), env=dict(data["env"]),
+                   files=dict(data.get("files") or {}))
+
+
+def _node(data: dict[str, Any]) -> Node:
+    return Node(host=data["host"], rank=int(data["rank"]), address=data["address"])
+
+
+def _cohort_from_dict(data: dict[str, Any]) -> CohortPlan:
+    ranks = tuple(RankPlan(host=r["host"], address=r["address"], node_rank=int(r["node_rank"]),
+                           leader=bool(r["leader"]), headless=bool(r["headless"]), process=_process(r["process"]))
+                  for r in data["ranks"])
+    return CohortPlan(cohort=int(data["cohort"]), engine_id=int(data["engine_id"]), role=data["role"],
+                      ports=CohortPorts(**_known(CohortPorts, data["ports"])), ranks=ranks)
+
+
+def _plan_from_dict(data: dict[str, Any]) -> Plan:
+    infra = data["infra"]
+    nodes = tuple(_node(n) for n in data["nodes"])
+    gms_servers = tuple(_process(p) for p in data["gms_servers"])
+    known = {f.name for f in fields(Plan)}
+    return Plan(
+        deployment=data["deployment"], backend=data["backend"], state_dir=data["state_dir"],
+        config_dir=data["config_dir"], service_user=data["service_user"], gpus_per_node=int(data["gpus_per_node"]),
+        ports=Ports(**_known(Ports, data["ports"])), failover=Failover(**_known(Failover, data["failover"])),
+        model_id=data["model_id"], model_dir=data["model_dir"], revision=data["revision"],
+        socket_dir=data["socket_dir"], lock_path=data["lock_path"], nodes=nodes,
+        infra=InfraPlan(hosts=tuple(_node(n) for n in infra["hosts"]), etcd_endpoints=infra["etcd_endpoints"],
+                        nats_server=infra["nats_server"], frontend_url=infra["frontend_url"],
+                        frontend=_process(infra["frontend"]), etcd=tuple(_process(p) for p in infra["etcd"]),
+                        nats=tuple(_process(p) for p in infra["nats"])),
+        gms_servers=gms_servers, cohorts=tuple(_cohort_from_dict(c) for c in data["cohorts"]),
+        python=data.get("python") or gms_servers[0].argv[0],
+        extra={k: v for k, v in data.items() if k not in known},
+    )
 
 
 def build_plan(contract: Contract) -> Plan:
@@ -106,12 +252,13 @@ def build_plan(contract: Contract) -> Plan:
         failover=contract.failover, model_id=contract.model.id,
         model_dir=contract.model.local_dir, revision=contract.model.revision, socket_dir=contract.socket_dir,
         lock_path=contract.lock_path, nodes=contract.nodes, infra=infra, gms_servers=gms_servers, cohorts=cohorts,
+        python=contract.python,
     )
 
 
 def standin_gpu_uuids(deployment: str, host: str, count: int) -> list[str]:
     """Stable fake GPU UUIDs for the stand-in backend (real GPUs report their own through CUDA)."""
-    return [f"GPU-{uuid.uuid5(STANDIN_GPU_NAMESPACE, f'{deployment}/{host}/{i}')}" for i in range(count)]
+    return gpu_uuids(deployment, host, count)
 
 
 def _infra_plan(contract: Contract) -> InfraPlan:
@@ -182,17 +329,14 @@ def _discovery_env(etcd_endpoints: str, nats_server: str) -> dict[str, str]:
 
 
 def _gms_server(contract: Contract, node: Node) -> Process:
-    argv = (contract.python, "-m", GMS_MODULE[contract.engine.backend])
+    argv = (contract.python, "-m", backend(contract.engine.backend).gms_module)
     env = {"GMS_SOCKET_DIR": contract.socket_dir, "SHADOWLINE_DEPLOYMENT": contract.deployment}
-    env.update(_standin_env(contract, node))
+    env.update(_backend_env(contract, node))
     return Process(host=node.host, argv=argv, env=env)
 
 
-def _standin_env(contract: Contract, node: Node) -> dict[str, str]:
-    if contract.engine.backend != "standin":
-        return {}
-    gpus = standin_gpu_uuids(contract.deployment, node.host, contract.engine.gpus_per_node)
-    return {"SHADOWLINE_STANDIN_GPUS": ",".join(gpus)}
+def _backend_env(contract: Contract, node: Node) -> dict[str, str]:
+    return backend(contract.engine.backend).node_env(contract.deployment, node.host, contract.engine.gpus_per_node)
 
 
 def _cohort_plan(contract: Contract, infra: InfraPlan, cohort: int) -> CohortPlan:
@@ -205,7 +349,7 @@ def _cohort_plan(contract: Contract, infra: InfraPlan, cohort: int) -> CohortPla
 def _rank_plan(contract: Contract, infra: InfraPlan, cohort: int, ports: CohortPorts, node: Node) -> RankPlan:
     engine = contract.engine
     headless = node.rank != 0
-    argv = [contract.python, "-m", ENGINE_MODULE[engine.backend],
+    argv = [contract.python, "-m", backend(engine.backend).engine_module,
             "--model", contract.model.local_dir, "--served-model-name", contract.model.id,
             "--load-format", "gms", "--enforce-eager", "--enable-sleep-mode",
             "--tensor-parallel-size", str(engine.tensor_parallel_size)]
@@ -235,7 +379,7 @@ def _rank_plan(contract: Contract, infra: InfraPlan, cohort: int, ports: CohortP
         "SHADOWLINE_COHORT": str(cohort),
         "SHADOWLINE_NODE_RANK": str(node.rank),
     }
-    env.update(_standin_env(contract, node))
+    env.update(_backend_env(contract, node))
     return RankPlan(host=node.host, address=node.address, node_rank=node.rank, leader=not headless,
                     headless=headless, process=Process(host=node.host, argv=tuple(argv), env=env))
 

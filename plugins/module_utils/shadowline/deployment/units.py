@@ -4,14 +4,12 @@ Units run the plan's argv and environment verbatim, as the service user, hardene
 KillMode=control-group so stopping a unit kills every process of it. Engines are a template unit
 (one instance per cohort) whose per-cohort drop-in carries that cohort's command and environment;
 they never restart themselves: relaunch belongs to the failover agent.
-Functions take the plan in its dict form (the `gms_plan` fact), so Ansible filters can call them.
+Functions take the typed plan; Ansible filters turn the `gms_plan` fact into one with ``Plan.from_dict``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-Plan = dict[str, Any]
+from .plan import Plan, Process
 
 HARDENING = (
     ("NoNewPrivileges", "yes"),
@@ -25,14 +23,6 @@ HARDENING = (
     ("LockPersonality", "yes"),
 )
 LIMITS = (("LimitNOFILE", "1048576"), ("LimitMEMLOCK", "infinity"))
-
-
-def unit_name(plan: Plan, kind: str, cohort: int | None = None) -> str:
-    """shadowline-<deployment>-<kind>.service, or the engine instance / template name."""
-    base = f"shadowline-{plan['deployment']}-{kind}"
-    if kind == "engine":
-        return f"{base}@{cohort}.service" if cohort is not None else f"{base}@.service"
-    return f"{base}.service"
 
 
 def systemd_quote(arg: str) -> str:
@@ -51,12 +41,12 @@ def environment_lines(env: dict[str, str]) -> list[str]:
     return lines
 
 
-def exec_start(argv: list[str]) -> str:
+def exec_start(argv: tuple[str, ...] | list[str]) -> str:
     return "ExecStart=" + " ".join(systemd_quote(a) for a in argv)
 
 
-def _service(plan: Plan, description: str, process: dict[str, Any], read_write: list[str], *, user: str | None,
-             after: list[str], requires: list[str], restart: str) -> str:
+def _service(description: str, process: Process, read_write: list[str], *, user: str | None,
+             after: list[str], requires: list[str], restart: str, extra: tuple[str, ...] = ()) -> str:
     unit = [
         "[Unit]",
         f"Description={description}",
@@ -67,10 +57,10 @@ def _service(plan: Plan, description: str, process: dict[str, Any], read_write: 
     unit += ["", "[Service]", "Type=exec"]
     if user:
         unit += [f"User={user}", f"Group={user}"]
-    unit += environment_lines(process["env"])
-    unit.append(exec_start(process["argv"]))
+    unit += environment_lines(process.env)
+    unit.append(exec_start(process.argv))
     unit += [f"Restart={restart}"] + (["RestartSec=1"] if restart != "no" else [])
-    unit += ["KillMode=control-group", "TimeoutStopSec=10"]
+    unit += ["KillMode=control-group", *extra, "TimeoutStopSec=10"]
     unit += [f"{k}={v}" for k, v in HARDENING + LIMITS]
     unit += [f"ReadWritePaths={' '.join(sorted(set(read_write)))}"] if read_write else []
     unit += ["", "[Install]", "WantedBy=multi-user.target", ""]
@@ -78,59 +68,54 @@ def _service(plan: Plan, description: str, process: dict[str, Any], read_write: 
 
 
 def gms_unit(plan: Plan, host: str) -> str:
-    process = _on_host(plan["gms_servers"], host)
-    return _service(plan, f"shadowline {plan['deployment']}: GPU Memory Service server", process,
-                    [plan["socket_dir"]], user=plan["service_user"], after=[], requires=[], restart="on-failure")
+    return _service(f"shadowline {plan.deployment}: GPU Memory Service server", plan.gms_server_on(host),
+                    [plan.socket_dir], user=plan.service_user, after=[], requires=[], restart="on-failure")
 
 
 def etcd_unit(plan: Plan, host: str) -> str:
-    process = _on_host(plan["infra"]["etcd"], host)
-    return _service(plan, f"shadowline {plan['deployment']}: etcd member", process,
-                    [f"{plan['state_dir']}/etcd"], user=plan["service_user"], after=[], requires=[],
-                    restart="on-failure")
+    return _service(f"shadowline {plan.deployment}: etcd member", _on_host(plan.infra.etcd, host),
+                    [f"{plan.state_dir}/etcd"], user=plan.service_user, after=[], requires=[], restart="on-failure")
 
 
 def nats_unit(plan: Plan, host: str) -> str:
-    process = _on_host(plan["infra"]["nats"], host)
-    return _service(plan, f"shadowline {plan['deployment']}: NATS with JetStream", process,
-                    [f"{plan['state_dir']}/nats"], user=plan["service_user"], after=[], requires=[],
-                    restart="on-failure")
+    return _service(f"shadowline {plan.deployment}: NATS with JetStream", _on_host(plan.infra.nats, host),
+                    [f"{plan.state_dir}/nats"], user=plan.service_user, after=[], requires=[], restart="on-failure")
 
 
 def frontend_unit(plan: Plan) -> str:
-    process = plan["infra"]["frontend"]
-    infra = [unit_name(plan, "etcd"), unit_name(plan, "nats")]
-    return _service(plan, f"shadowline {plan['deployment']}: Dynamo frontend (OpenAI API)", process,
-                    [process["env"]["HOME"]], user=plan["service_user"], after=infra, requires=[],
-                    restart="on-failure")
+    process = plan.infra.frontend
+    infra = [plan.unit_name("etcd"), plan.unit_name("nats")]
+    return _service(f"shadowline {plan.deployment}: Dynamo frontend (OpenAI API)", process,
+                    [process.env["HOME"]], user=plan.service_user, after=infra, requires=[], restart="on-failure")
 
 
 def engine_template(plan: Plan) -> str:
     """The engine template unit; each cohort's drop-in adds its environment and ExecStart."""
+    gms = plan.unit_name("gms")
     unit = [
         "[Unit]",
-        f"Description=shadowline {plan['deployment']}: engine cohort %i (one rank of it)",
-        f"After=network-online.target {unit_name(plan, 'gms')}",
-        f"Wants=network-online.target {unit_name(plan, 'gms')}",
+        f"Description=shadowline {plan.deployment}: engine cohort %i (one rank of it)",
+        f"After=network-online.target {gms}",
+        f"Wants=network-online.target {gms}",
         "",
         "[Service]",
         "Type=exec",
-        f"User={plan['service_user']}",
-        f"Group={plan['service_user']}",
+        f"User={plan.service_user}",
+        f"Group={plan.service_user}",
         "Restart=no",
         "KillMode=control-group",
         "TimeoutStopSec=5",
     ]
     unit += [f"{k}={v}" for k, v in HARDENING + LIMITS]
-    unit += [f"ReadWritePaths={plan['socket_dir']} {plan['state_dir']}/engines"]
-    unit += [f"ReadOnlyPaths={plan['model_dir']}", ""]
+    unit += [f"ReadWritePaths={plan.socket_dir} {plan.engines_dir}"]
+    unit += [f"ReadOnlyPaths={plan.model_dir}", ""]
     return "\n".join(unit)
 
 
 def engine_dropin(plan: Plan, host: str, cohort: int) -> str:
-    rank = _on_host([r["process"] for r in plan["cohorts"][cohort]["ranks"]], host)
-    env = {**rank["env"], "HOME": f"{plan['state_dir']}/engines/{cohort}"}
-    lines = ["[Service]"] + environment_lines(env) + [exec_start(rank["argv"]), ""]
+    process = plan.cohort(cohort).rank_on(host).process
+    env = {**process.env, "HOME": f"{plan.engines_dir}/{cohort}"}
+    lines = ["[Service]"] + environment_lines(env) + [exec_start(process.argv), ""]
     return "\n".join(lines)
 
 
@@ -143,20 +128,22 @@ def engine_model_dropin(digest: str) -> str:
     return "\n".join(["[Service]"] + environment_lines({"SHADOWLINE_MODEL_DIGEST": digest}) + [""])
 
 
+def agent_process(plan: Plan, host: str) -> Process:
+    """The node agent's command: the runtime's interpreter, the plan the agent role writes, this node."""
+    return Process(host=host, argv=(plan.python, "-m", "shadowline.control.agent", "--plan", plan.plan_path,
+                                    "--host", host), env={"SHADOWLINE_DEPLOYMENT": plan.deployment})
+
+
 def agent_unit(plan: Plan, host: str) -> str:
     """The node agent: root (it stops and starts the engine units and kills their cgroups), never restarted
     into a second copy (it holds a lock), its state and event log under the deployment's state directory."""
-    python = plan["gms_servers"][0]["argv"][0]
-    process = {"argv": [python, "-m", "shadowline.control.agent", "--plan", f"{plan['config_dir']}/plan.json",
-                        "--host", host], "env": {"SHADOWLINE_DEPLOYMENT": plan["deployment"]}}
-    text = _service(plan, f"shadowline {plan['deployment']}: failover agent", process,
-                    [plan["state_dir"], plan["socket_dir"]], user=None, after=[], requires=[],
-                    restart="always")
-    return text.replace("KillMode=control-group", "KillMode=control-group\nRestartPreventExitStatus=3")
+    return _service(f"shadowline {plan.deployment}: failover agent", agent_process(plan, host),
+                    [plan.state_dir, plan.socket_dir], user=None, after=[], requires=[], restart="always",
+                    extra=("RestartPreventExitStatus=3",))
 
 
-def _on_host(processes: list[dict[str, Any]], host: str) -> dict[str, Any]:
+def _on_host(processes: tuple[Process, ...], host: str) -> Process:
     for process in processes:
-        if process["host"] == host:
+        if process.host == host:
             return process
     raise KeyError(f"the plan has no such process on {host}")

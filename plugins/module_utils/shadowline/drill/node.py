@@ -23,7 +23,7 @@ from ..control.coordination import DEAD, RUNNING, Coordination
 from ..control.etcd_client import Etcd, EtcdError
 from ..control.events import read_events
 from ..control.proc import cgroup_pids, monotonic_to_unix, unit_cgroup, unit_properties
-from ..deployment.units import unit_name
+from ..deployment.plan import unit_name
 from .faults import FAULTS, DrillError, cut_unit_name, fault_control_path
 
 Plan = dict[str, Any]
@@ -62,7 +62,7 @@ def engine_processes(plan: Plan) -> dict[str, dict[str, Any]]:
     """For every cohort, this node's engine unit: main pid and every process of its cgroup."""
     result = {}
     for cohort in plan["cohorts"]:
-        unit = unit_name(plan, "engine", cohort["cohort"])
+        unit = unit_name(plan["deployment"], "engine", cohort["cohort"])
         status = unit_status(unit)
         cgroup = unit_cgroup(unit)
         processes = []
@@ -86,13 +86,13 @@ def survivors(snapshot: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def service_pid(plan: Plan, kind: str) -> int:
-    return unit_status(unit_name(plan, kind))["pid"]
+    return unit_status(unit_name(plan["deployment"], kind))["pid"]
 
 
 def service_state(plan: Plan, kind: str) -> dict[str, Any]:
     """A service unit's main pid and when systemd started that process (unix time, from its monotonic
     timestamp: /proc's boot time is whole seconds)."""
-    props = unit_properties(unit_name(plan, kind), "MainPID", "ExecMainStartTimestampMonotonic")
+    props = unit_properties(unit_name(plan["deployment"], kind), "MainPID", "ExecMainStartTimestampMonotonic")
     pid = int(props.get("MainPID", "0") or 0)
     at = monotonic_to_unix(props.get("ExecMainStartTimestampMonotonic", "0"))
     return {"pid": pid, "started_at": round(at, 3) if pid and at else None}
@@ -250,7 +250,7 @@ def inject(plan: Plan, host: str, fault: str, cohort: int | None, at: float | No
     node = next(n for n in plan["nodes"] if n["host"] == host)
     result: dict[str, Any] = {"fault": fault, "host": host, "cohort": cohort, "pids": []}
     if fault in ("kill-leader", "kill-worker", "kill-standby", "hang-leader"):
-        unit = unit_name(plan, "engine", cohort)
+        unit = unit_name(plan["deployment"], "engine", cohort)
         status = unit_status(unit)
         if status["active_state"] != "active" or not status["pid"]:
             raise DrillError(f"{unit} does not run on {host}: nothing to {fault}")
@@ -282,7 +282,7 @@ def inject(plan: Plan, host: str, fault: str, cohort: int | None, at: float | No
         result["control_file"] = path
         result["action"] = f"hang-collective through {path}"
     elif fault in ("kill-gms", "kill-agent"):
-        unit = unit_name(plan, "gms" if fault == "kill-gms" else "agent")
+        unit = unit_name(plan["deployment"], "gms" if fault == "kill-gms" else "agent")
         pid = unit_status(unit)["pid"]
         if not pid:
             raise DrillError(f"{unit} does not run on {host}: nothing to {fault}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import tempfile
 
+from ..backends import standin as backends_standin
+
 TRUE_VALUES = ("true", "1", "yes")
 GMS_TAGS = ("weights", "kv_cache")
 DEFAULT_LOCK_PATH = "/shared/failover.lock"  # upstream's default
@@ -69,7 +71,7 @@ def state_dir() -> str:
 
 
 def heartbeat_path(engine_id: str, rank: int, directory: str | None = None) -> str:
-    return os.path.join(directory or state_dir(), f"heartbeat-engine-{engine_id}-rank-{rank}")
+    return backends_standin.heartbeat_path(engine_id, rank, directory or state_dir())
 
 
 def fault_paths(engine_id: str, rank: int, directory: str | None = None) -> list[str]:

@@ -1,0 +1,37 @@
+"""The interface every engine backend implements (see backends/__init__.py)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    engine_module: str  # `python -m <engine_module>` runs one rank of a cohort
+    gms_module: str  # `python -m <gms_module>` runs the node's GPU Memory Service server
+    runtime_modules: tuple[str, ...]  # what the runtime's interpreter must import (preflight asks it)
+
+    def node_env(self, deployment: str, host: str, gpus_per_node: int) -> dict[str, str]:
+        """Environment the GMS server and every rank on a node get on top of the plan's own."""
+        return {}
+
+    def progress_file(self, lock_dir: str, engine_id: int | str, node_rank: int) -> str | None:
+        """A file a rank rewrites at every collective step, when the backend has one (None: the engine exposes
+        no per-rank progress, only process exit and the leader's /health)."""
+        return None
+
+    def progress_mtime(self, lock_dir: str, engine_id: int | str, node_rank: int) -> float | None:
+        """When the rank last showed progress through its progress file (None: no file, or no such signal)."""
+        path = self.progress_file(lock_dir, engine_id, node_rank)
+        if path is None:
+            return None
+        try:
+            return os.stat(path).st_mtime
+        except FileNotFoundError:
+            return None
+
+    def runs(self, argv: list[str] | tuple[str, ...]) -> bool:
+        """Whether a command line is one rank of this backend (the Slurm watchdog sees only argv)."""
+        return any(a == self.engine_module or a.endswith("." + self.engine_module) for a in argv)

@@ -1,0 +1,35 @@
+"""The CPU stand-in (`python -m shadowline.standin.engine`): the same flags and environment as dynamo.vllm, fake
+GPU UUIDs, and a collective heartbeat file per rank that the stand-in rewrites at every collective step."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+
+from .base import Backend
+
+GPU_NAMESPACE = uuid.UUID("5d0c3c36-6f1e-4a53-9a3c-2f6b1f0a7e21")
+
+
+def gpu_uuids(deployment: str, host: str, count: int) -> list[str]:
+    """Stable fake GPU UUIDs for the stand-in (real GPUs report their own through NVML)."""
+    return [f"GPU-{uuid.uuid5(GPU_NAMESPACE, f'{deployment}/{host}/{i}')}" for i in range(count)]
+
+
+def heartbeat_path(engine_id: int | str, node_rank: int, directory: str) -> str:
+    """The stand-in rank's collective heartbeat file (in the failover lock's directory)."""
+    return os.path.join(directory, f"heartbeat-engine-{engine_id}-rank-{node_rank}")
+
+
+@dataclass(frozen=True)
+class Standin(Backend):
+    def node_env(self, deployment: str, host: str, gpus_per_node: int) -> dict[str, str]:
+        return {"SHADOWLINE_STANDIN_GPUS": ",".join(gpu_uuids(deployment, host, gpus_per_node))}
+
+    def progress_file(self, lock_dir: str, engine_id: int | str, node_rank: int) -> str | None:
+        return heartbeat_path(engine_id, node_rank, lock_dir)
+
+
+STANDIN = Standin(name="standin", engine_module="shadowline.standin.engine",
+                  gms_module="shadowline.standin.gms_server", runtime_modules=())
