@@ -10,7 +10,7 @@ NODES ?= 3
 INVENTORY ?= inventories/local
 
 .PHONY: help setup runtime demo test lint build preflight testbed-up testbed-down deploy status teardown clean \
-	drill bench-failover
+	drill bench-failover ee-context
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 22
@@ -74,3 +74,6 @@ preflight: setup ## run preflight against INVENTORY (default inventories/local)
 
 clean: ## remove build output (keeps the venvs)
 	rm -rf build .pytest_cache
+
+ee-context: build ## an execution environment's build context for the built collection (build/ee-context)
+	$(BIN)/ansible-builder create -f execution-environment.yml -c build/ee-context
