@@ -16,7 +16,8 @@ import yaml
 
 from shadowline.slurm.allocation import Node, concrete, read_spec
 from shadowline.slurm.job import job_context, sh
-from shadowline.slurm.supervisor import Relaunch
+from shadowline.control.policy import RelaunchPolicy
+from shadowline.deployment.plan import Plan
 
 REPO = Path(__file__).resolve().parents[2]
 RENDER = REPO / "slurm" / "render"
@@ -178,10 +179,13 @@ def test_contract_problems_come_through(tmp_path):
     assert proc.returncode == 1 and "gms_slurm.time" in proc.stderr and not (tmp_path / "x").exists()
 
 
-def test_relaunch_policy_is_gms_failover():
-    policy = Relaunch.of({"relaunch_backoff_s": 0.2, "relaunch_backoff_max_s": 30, "max_relaunch_attempts": 5,
-                          "stable_after_s": 30})
+def test_relaunch_policy_is_gms_failover(tmp_path):
+    shared = values(gms_failover={"relaunch_backoff_s": 0.2, "relaunch_backoff_max_s": 30,
+                                  "max_relaunch_attempts": 5, "stable_after_s": 30})
+    spec = read_spec(render(tmp_path, shared).read_text())
+    policy = RelaunchPolicy.of(Plan.from_dict(spec["plan"]).failover)  # what the supervisor reads
     assert [policy.delay(n) for n in range(1, 10)] == [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30]
+    assert not policy.gives_up(5) and policy.gives_up(6)
 
 
 def test_watchdog_timeouts_come_from_gms_failover(tmp_path):

@@ -31,7 +31,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from .faults import FAULTS, serving_cohort
+from ..control.lock import parse_holder
+from .faults import FAULTS
 
 Evidence = dict[str, Any]
 
@@ -145,7 +146,7 @@ def compute_report(evidence: Evidence) -> dict[str, Any]:
     report["generation_gone_s"] = generation_gone
 
     # Promotion: another cohort (or a new generation) took the lock after the fault.
-    serving = serving_cohort(before.get("holder"))
+    serving = parse_holder(before.get("holder") or "")
     serving_generation = ((before.get("slots") or {}).get(str(serving)) or {}).get("generation")
     promoted = None
     for e in events:
