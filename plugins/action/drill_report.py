@@ -14,7 +14,7 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.report import (
     compute_report,
-    render_table,
+    render_timeline_table,
 )
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.svg import render_svg
 
@@ -67,7 +67,7 @@ class ActionModule(ActionBase):
         evidence = build_evidence(args)
         report = compute_report(evidence)
         report["evidence"] = evidence
-        lines = render_table(report)
+        lines = render_timeline_table(report)
         path = args.get("path")
         if path and not self._play_context.check_mode:
             path = os.path.abspath(os.path.expanduser(str(path)))

@@ -17,7 +17,7 @@ import pytest
 from shadowline.deployment.contract import parse_contract
 from shadowline.drill.faults import FAULTS, DrillError, choose_target
 from shadowline.drill.load import run_load, summarize
-from shadowline.drill.report import compute_report, fault_time, render_table
+from shadowline.drill.report import compute_report, fault_time, render_timeline_table
 from shadowline.drill.svg import render_svg
 from shadowline.deployment.plan import Plan, build_plan
 
@@ -170,7 +170,7 @@ def test_unsettled_agents_fail_the_drill() -> None:
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_the_table_is_short_and_says_the_result(fault: str) -> None:
     report = compute_report(recorded(fault))
-    lines = render_table(report)
+    lines = render_timeline_table(report)
     assert len(lines) <= 55
     assert lines[0].startswith(f"drill {fault} on ")
     assert lines[-1] == "result: PASS"

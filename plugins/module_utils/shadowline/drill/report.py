@@ -582,7 +582,7 @@ def _compress_launches(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: r["t"])
 
 
-def render_table(report: dict[str, Any], max_rows: int = 40) -> list[str]:
+def render_timeline_table(report: dict[str, Any], max_rows: int = 40) -> list[str]:
     """The timeline table and the figures: what ``drill.yml`` prints."""
     target = report["target"]
     where = target.get("host") or "?"

@@ -89,7 +89,7 @@ class Step:
 
 
 @dataclass
-class Slot:
+class StepSlot:
     """One relaunchable step (a cohort or an infra process) and its crash-loop bookkeeping."""
     name: str
     step: Step | None = None
@@ -116,7 +116,7 @@ class Supervisor:
         self.host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self.stop_reason: str | None = None
         self.queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        self.slots: dict[str, Slot] = {}
+        self.slots: dict[str, StepSlot] = {}
         self.states: dict[int, str | None] = {}
         self.owner: dict[int, int] = {}  # discovery lease -> cohort that registered it
         self.serving: int | None = None
@@ -456,7 +456,7 @@ class Supervisor:
     # -- steps ----------------------------------------------------------------------------------------- #
 
     def launch(self, name: str) -> Step:
-        slot = self.slots.setdefault(name, Slot(name))
+        slot = self.slots.setdefault(name, StepSlot(name))
         slot.generation += 1
         log_path = os.path.join(self.job_dir, "steps", f"{name}.{slot.generation}.log")
         popen = subprocess.Popen(["bash", self.script, "step", name], stdout=subprocess.PIPE,
