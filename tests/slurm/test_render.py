@@ -16,6 +16,7 @@ import yaml
 
 from shadowline.slurm.allocation import Node, concrete, read_spec
 from shadowline.slurm.job import job_context, sh
+from shadowline.slurm.options import SlurmOptions
 from shadowline.control.policy import RelaunchPolicy
 from shadowline.deployment.plan import Plan
 
@@ -114,15 +115,18 @@ def test_containers(tmp_path):
 
 def test_spec_round_trip_and_addresses(tmp_path):
     script = render(tmp_path, values()).read_text()
-    spec = read_spec(script)
-    assert spec["slurm"]["stop_grace_s"] == 30 and spec["plan"]["failover"]["relaunch_backoff_s"] == 0.2
-    plan = concrete(spec["plan"], [Node("gpu-a", "10.0.0.1"), Node("gpu-b", "10.0.0.2")])
-    assert plan["infra"]["etcd_endpoints"] == "http://10.0.0.1:2379"
-    ranks = plan["cohorts"][1]["ranks"]
-    assert ranks[1]["process"]["env"]["DYN_SYSTEM_HOST"] == "10.0.0.2"
-    assert "10.0.0.1" in ranks[1]["process"]["argv"]  # --master-addr: the first node
-    assert plan["state_dir"] == "/tmp/shadowline-llama/state" and plan["socket_dir"] == "/tmp/shadowline-llama/gms"
-    assert not re.search(r"/var/lib/shadowline|/etc/shadowline|/run/shadowline", json.dumps(plan))
+    spec = read_spec(script)  # what the supervisor reads: the typed options and plan
+    options = SlurmOptions.from_dict(spec["slurm"])
+    assert options.stop_grace_s == 30 and options.modules == () and options.node_dir == "/tmp/shadowline-llama"
+    plan = Plan.from_dict(concrete(spec["plan"], [Node("gpu-a", "10.0.0.1"), Node("gpu-b", "10.0.0.2")]))
+    assert plan.failover.relaunch_backoff_s == 0.2 and plan.python == "/opt/dynamo/venv/bin/python"
+    assert plan.infra.etcd_endpoints == "http://10.0.0.1:2379"
+    ranks = plan.cohort(1).ranks
+    assert ranks[1].process.env["DYN_SYSTEM_HOST"] == "10.0.0.2"
+    assert "10.0.0.1" in ranks[1].process.argv  # --master-addr: the first node
+    assert plan.state_dir == "/tmp/shadowline-llama/state" and plan.socket_dir == "/tmp/shadowline-llama/gms"
+    assert plan.nats_store_dir == "/tmp/shadowline-llama/state/nats"
+    assert not re.search(r"/var/lib/shadowline|/etc/shadowline|/run/shadowline", json.dumps(plan.to_dict()))
 
 
 def test_yaml_and_ansible_inventories_render_the_same(tmp_path):
