@@ -11,17 +11,18 @@ import os
 from typing import Any
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.report import (
     compute_report,
-    render_table,
+    render_timeline_table,
 )
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.svg import render_svg
 
 
 def build_evidence(args: dict[str, Any]) -> dict[str, Any]:
     """The evidence dict of ``compute_report`` from the results the drill's tasks registered."""
-    plan = args["plan"]
-    nodes = [n["host"] for n in sorted(plan["nodes"], key=lambda n: n["rank"])]
+    plan = Plan.from_dict(args["plan"])
+    nodes = plan.hosts  # in rank order
     injected, restored = dict(args["injected"]), dict(args.get("restored") or {})
     steady = args["steady"]
     before = {h: r for h, r in (args.get("before") or {}).items() if isinstance(r, dict)}
@@ -33,7 +34,7 @@ def build_evidence(args: dict[str, Any]) -> dict[str, Any]:
         fault["cut"] = restored["cut"]
     settle = args.get("settle") or {}
     return {
-        "fault": fault, "nodes": nodes, "cohorts": len(plan["cohorts"]),
+        "fault": fault, "nodes": nodes, "cohorts": len(plan.cohorts),
         "before": {"holder": steady["state"]["lock_holder"], "slots": steady["state"]["slots"],
                    "leaders": steady["state"]["leaders"],
                    "processes": {h: r.get("processes", {}) for h, r in before.items()},
@@ -66,7 +67,7 @@ class ActionModule(ActionBase):
         evidence = build_evidence(args)
         report = compute_report(evidence)
         report["evidence"] = evidence
-        lines = render_table(report)
+        lines = render_timeline_table(report)
         path = args.get("path")
         if path and not self._play_context.check_mode:
             path = os.path.abspath(os.path.expanduser(str(path)))

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.status_table import render_table
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.status_table import render_status_table
 
 
 def status_table(results: list[dict[str, Any]], model: str = "") -> str:
     """results: the registered cohort_info result of every node."""
     ranks = [rank for result in results for rank in result.get("ranks", [])]
     holders = [result["lock_holder"] for result in results if result.get("lock_holder")]
-    return render_table(ranks, holders[0] if holders else None, model)
+    return render_status_table(ranks, holders[0] if holders else None, model)
 
 
 class FilterModule:

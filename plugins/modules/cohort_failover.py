@@ -117,10 +117,11 @@ timeline:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.failover import (
+    FailoverError,
     plan_failover,
     run_failover,
 )
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.faults import DrillError
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
 
 
 def main() -> None:
@@ -135,10 +136,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    plan = p["plan"]
-    import socket  # noqa: PLC0415
-
-    host = next((n["host"] for n in plan["nodes"] if n["rank"] == 0), socket.gethostname())
+    plan = Plan.from_dict(p["plan"])
+    host = plan.leader_node.host
     try:
         if module.check_mode:
             planned = plan_failover(plan, p["cohort"], p["mode"])
@@ -149,7 +148,7 @@ def main() -> None:
                                  f"(generation {planned['slot'].generation}, {planned['slot'].state})")
         result = run_failover(plan, p["cohort"], p["mode"], f"{host} ({p['mode']}-failover)", p["wait"],
                               p["timeout_s"])
-    except DrillError as err:
+    except FailoverError as err:
         module.fail_json(msg=str(err))
     diff = result.pop("diff")
     changed = result["action"] != "wait"

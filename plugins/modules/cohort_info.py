@@ -62,6 +62,7 @@ lock_holder:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.cohort_state import lock_holder, rank_states
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
 
 
 def main() -> None:
@@ -74,14 +75,14 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    plan = module.params["plan"]
+    plan = Plan.from_dict(module.params["plan"])
     host = module.params["host"]
-    if host not in [n["host"] for n in plan["nodes"]] + [n["host"] for n in plan["infra"]["hosts"]]:
-        module.fail_json(msg=f"host: {host} is not a node of deployment {plan['deployment']}. "
+    if host not in plan.hosts + plan.infra_hosts:
+        module.fail_json(msg=f"host: {host} is not a node of deployment {plan.deployment}. "
                              "Fix: pass the node's inventory name (inventory_hostname).")
     ranks = rank_states(plan, host, module.params["health_timeout_s"], module.params["heartbeat_stall_s"])
     leader = any(r["leader"] for r in ranks)
-    module.exit_json(changed=False, ranks=ranks, lock_holder=lock_holder(plan["lock_path"]) if leader else None)
+    module.exit_json(changed=False, ranks=ranks, lock_holder=lock_holder(plan.lock_path) if leader else None)
 
 
 if __name__ == "__main__":

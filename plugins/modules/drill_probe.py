@@ -134,7 +134,8 @@ gms:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.faults import DrillError, choose_target
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.faults import DrillError, choose_target, fault
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.node import (
     engine_processes,
     gms_state,
@@ -168,20 +169,21 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    plan = p["plan"]
-    node = next((n for n in plan["nodes"] if n["host"] == p["host"]), None)
-    if node is None:
-        module.fail_json(msg=f"host: {p['host']} is not a node of deployment {plan['deployment']}")
-    leader = node["rank"] == 0
+    plan = Plan.from_dict(p["plan"])
+    if p["host"] not in plan.hosts:
+        module.fail_json(msg=f"host: {p['host']} is not a node of deployment {plan.deployment}")
+    leader = plan.node(p["host"]).rank == 0
     result = {"changed": False, "leader": leader, "host": p["host"]}
     try:
         if p["mode"] in ("steady", "settle") and not leader:
             module.fail_json(msg=f"mode={p['mode']} runs on the leader node (node rank 0): the lock and the "
                                  "driver agent are there")
         if p["mode"] == "steady":
+            if p["fault"] is not None:
+                fault(p["fault"])  # the library's list of faults: an unknown one fails before any wait
             state = wait_steady(plan, p["steady_timeout_s"])
             result["state"] = state
-            if p["fault"]:
+            if p["fault"] is not None:
                 result["target"] = choose_target(plan, p["fault"], state["lock_holder"], p["target"] or None)
         elif p["mode"] == "before":
             result.update(processes=engine_processes(plan), agent=service_state(plan, "agent"), gms=gms_state(plan))
@@ -194,9 +196,9 @@ def main() -> None:
         else:
             result.update(survivors=survivors(p["snapshot"]), agent=service_state(plan, "agent"),
                           gms=gms_state(plan),
-                          events=list(read_events(f"{plan['state_dir']}/events.jsonl", p["since"] or 0.0)))
+                          events=list(read_events(plan.events_path, p["since"] or 0.0)))
             if leader:
-                result["state"] = {"lock_holder": lock_holder(plan["lock_path"]), "slots": slots(plan),
+                result["state"] = {"lock_holder": lock_holder(plan.lock_path), "slots": slots(plan),
                                    "leaders": leader_views(plan)}
     except DrillError as err:
         module.fail_json(msg=str(err))

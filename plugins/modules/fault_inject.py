@@ -109,6 +109,7 @@ done:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.faults import FAULTS, DrillError
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.node import inject, restore
 
@@ -128,9 +129,9 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    plan = p["plan"]
-    if p["host"] not in [n["host"] for n in plan["nodes"]]:
-        module.fail_json(msg=f"host: {p['host']} is not a node of deployment {plan['deployment']}")
+    plan = Plan.from_dict(p["plan"])
+    if p["host"] not in plan.hosts:
+        module.fail_json(msg=f"host: {p['host']} is not a node of deployment {plan.deployment}")
     if p["fault"] not in ("kill-gms", "kill-agent", "cut-node") and p["cohort"] is None:
         module.fail_json(msg=f"cohort: {p['fault']} hits a cohort's rank; say which (cohort: <n>)")
     if module.check_mode:

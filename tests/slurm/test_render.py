@@ -16,7 +16,9 @@ import yaml
 
 from shadowline.slurm.allocation import Node, concrete, read_spec
 from shadowline.slurm.job import job_context, sh
-from shadowline.slurm.supervisor import Relaunch
+from shadowline.slurm.options import SlurmOptions
+from shadowline.control.policy import RelaunchPolicy
+from shadowline.deployment.plan import Plan
 
 REPO = Path(__file__).resolve().parents[2]
 RENDER = REPO / "slurm" / "render"
@@ -113,15 +115,18 @@ def test_containers(tmp_path):
 
 def test_spec_round_trip_and_addresses(tmp_path):
     script = render(tmp_path, values()).read_text()
-    spec = read_spec(script)
-    assert spec["slurm"]["stop_grace_s"] == 30 and spec["plan"]["failover"]["relaunch_backoff_s"] == 0.2
-    plan = concrete(spec["plan"], [Node("gpu-a", "10.0.0.1"), Node("gpu-b", "10.0.0.2")])
-    assert plan["infra"]["etcd_endpoints"] == "http://10.0.0.1:2379"
-    ranks = plan["cohorts"][1]["ranks"]
-    assert ranks[1]["process"]["env"]["DYN_SYSTEM_HOST"] == "10.0.0.2"
-    assert "10.0.0.1" in ranks[1]["process"]["argv"]  # --master-addr: the first node
-    assert plan["state_dir"] == "/tmp/shadowline-llama/state" and plan["socket_dir"] == "/tmp/shadowline-llama/gms"
-    assert not re.search(r"/var/lib/shadowline|/etc/shadowline|/run/shadowline", json.dumps(plan))
+    spec = read_spec(script)  # what the supervisor reads: the typed options and plan
+    options = SlurmOptions.from_dict(spec["slurm"])
+    assert options.stop_grace_s == 30 and options.modules == () and options.node_dir == "/tmp/shadowline-llama"
+    plan = Plan.from_dict(concrete(spec["plan"], [Node("gpu-a", "10.0.0.1"), Node("gpu-b", "10.0.0.2")]))
+    assert plan.failover.relaunch_backoff_s == 0.2 and plan.python == "/opt/dynamo/venv/bin/python"
+    assert plan.infra.etcd_endpoints == "http://10.0.0.1:2379"
+    ranks = plan.cohort(1).ranks
+    assert ranks[1].process.env["DYN_SYSTEM_HOST"] == "10.0.0.2"
+    assert "10.0.0.1" in ranks[1].process.argv  # --master-addr: the first node
+    assert plan.state_dir == "/tmp/shadowline-llama/state" and plan.socket_dir == "/tmp/shadowline-llama/gms"
+    assert plan.nats_store_dir == "/tmp/shadowline-llama/state/nats"
+    assert not re.search(r"/var/lib/shadowline|/etc/shadowline|/run/shadowline", json.dumps(plan.to_dict()))
 
 
 def test_yaml_and_ansible_inventories_render_the_same(tmp_path):
@@ -178,10 +183,13 @@ def test_contract_problems_come_through(tmp_path):
     assert proc.returncode == 1 and "gms_slurm.time" in proc.stderr and not (tmp_path / "x").exists()
 
 
-def test_relaunch_policy_is_gms_failover():
-    policy = Relaunch.of({"relaunch_backoff_s": 0.2, "relaunch_backoff_max_s": 30, "max_relaunch_attempts": 5,
-                          "stable_after_s": 30})
+def test_relaunch_policy_is_gms_failover(tmp_path):
+    shared = values(gms_failover={"relaunch_backoff_s": 0.2, "relaunch_backoff_max_s": 30,
+                                  "max_relaunch_attempts": 5, "stable_after_s": 30})
+    spec = read_spec(render(tmp_path, shared).read_text())
+    policy = RelaunchPolicy.of(Plan.from_dict(spec["plan"]).failover)  # what the supervisor reads
     assert [policy.delay(n) for n in range(1, 10)] == [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30]
+    assert not policy.gives_up(5) and policy.gives_up(6)
 
 
 def test_watchdog_timeouts_come_from_gms_failover(tmp_path):

@@ -17,9 +17,9 @@ import pytest
 from shadowline.deployment.contract import parse_contract
 from shadowline.drill.faults import FAULTS, DrillError, choose_target
 from shadowline.drill.load import run_load, summarize
-from shadowline.drill.report import compute_report, fault_time, render_table
+from shadowline.drill.report import compute_report, fault_time, render_timeline_table
 from shadowline.drill.svg import render_svg
-from shadowline.deployment.plan import build_plan
+from shadowline.deployment.plan import Plan, build_plan
 
 from tests.unit.helpers import hostvars
 
@@ -170,7 +170,7 @@ def test_unsettled_agents_fail_the_drill() -> None:
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_the_table_is_short_and_says_the_result(fault: str) -> None:
     report = compute_report(recorded(fault))
-    lines = render_table(report)
+    lines = render_timeline_table(report)
     assert len(lines) <= 55
     assert lines[0].startswith(f"drill {fault} on ")
     assert lines[-1] == "result: PASS"
@@ -195,12 +195,12 @@ def test_the_svg_has_every_request_and_event(fault: str) -> None:
 
 
 # --- where faults land ---------------------------------------------------------------------------------------------
-def plan(nodes: int, cohorts: int = 2, backend: str = "standin") -> dict[str, Any]:
+def plan(nodes: int, cohorts: int = 2, backend: str = "standin") -> Plan:
     hv, hosts = hostvars(nodes, gms_cohorts=cohorts,
                          gms_engine={"backend": backend, "tensor_parallel_size": nodes, "gpus_per_node": 1})
     contract, problems = parse_contract(hv, hosts)
     assert contract is not None, problems
-    return build_plan(contract).to_dict()
+    return build_plan(contract)
 
 
 def test_targets_on_three_nodes() -> None:

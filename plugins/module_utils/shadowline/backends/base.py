@@ -32,6 +32,15 @@ class Backend:
         except FileNotFoundError:
             return None
 
+    def rank_fault_file(self, lock_dir: str, engine_id: int | str, node_rank: int) -> str | None:
+        """A control file through which a drill makes one rank misbehave (hang its collective), when the backend
+        has one (None: it has no such hook, and drills that need it refuse to run)."""
+        return None
+
+    def weights_resident(self, socket_dir: str) -> bool | None:
+        """Whether the node's GMS server holds committed weights, when the backend can tell (None: unknown)."""
+        return None
+
     def runs(self, argv: list[str] | tuple[str, ...]) -> bool:
         """Whether a command line is one rank of this backend (the Slurm watchdog sees only argv)."""
         return any(a == self.engine_module or a.endswith("." + self.engine_module) for a in argv)

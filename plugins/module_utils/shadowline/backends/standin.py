@@ -3,6 +3,7 @@ GPU UUIDs, and a collective heartbeat file per rank that the stand-in rewrites a
 
 from __future__ import annotations
 
+import glob
 import os
 import uuid
 from dataclasses import dataclass
@@ -22,6 +23,11 @@ def heartbeat_path(engine_id: int | str, node_rank: int, directory: str) -> str:
     return os.path.join(directory, f"heartbeat-engine-{engine_id}-rank-{node_rank}")
 
 
+def rank_fault_path(engine_id: int | str, node_rank: int, directory: str) -> str:
+    """The stand-in rank's fault control file (docs/standin.md; in the failover lock's directory)."""
+    return os.path.join(directory, f"fault-engine-{engine_id}-rank-{node_rank}")
+
+
 @dataclass(frozen=True)
 class Standin(Backend):
     def node_env(self, deployment: str, host: str, gpus_per_node: int) -> dict[str, str]:
@@ -29,6 +35,20 @@ class Standin(Backend):
 
     def progress_file(self, lock_dir: str, engine_id: int | str, node_rank: int) -> str | None:
         return heartbeat_path(engine_id, node_rank, lock_dir)
+
+    def rank_fault_file(self, lock_dir: str, engine_id: int | str, node_rank: int) -> str | None:
+        return rank_fault_path(engine_id, node_rank, lock_dir)
+
+    def weights_resident(self, socket_dir: str) -> bool | None:
+        """Every weights socket of the stand-in's GMS server answers with committed weights."""
+        from ..standin import gms_client  # noqa: PLC0415 (the stand-in's client, only where it runs)
+        resident = []
+        for path in sorted(glob.glob(os.path.join(socket_dir, "gms_*_weights.sock"))):
+            try:
+                resident.append(bool(gms_client.status(path, timeout=0.5).get("committed")))
+            except (OSError, gms_client.GMSError):
+                resident.append(False)
+        return all(resident) if resident else False
 
 
 STANDIN = Standin(name="standin", engine_module="shadowline.standin.engine",

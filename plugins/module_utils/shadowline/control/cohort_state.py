@@ -12,13 +12,14 @@ import os
 import time
 import urllib.error
 import urllib.request
+from dataclasses import asdict
 from typing import Any
 
 from .failover_metrics import EngineFailoverView, engine_failover_view
 from .lock import is_locked, read_holder
 from .proc import unit_properties
 from ..standin.settings import heartbeat_path
-from ..deployment.plan import unit_name
+from ..deployment.plan import Plan, RankPlan
 
 LEADER_STATES = {"standby": "parked", "waking": "waking", "active": "active", "init": "starting"}
 
@@ -41,22 +42,21 @@ def http_get(url: str, timeout: float) -> tuple[int, str] | None:
         return None
 
 
-def leader_base(plan: dict[str, Any], cohort: int) -> str:
+def leader_base(plan: Plan | dict[str, Any], cohort: int) -> str:
     """The cohort leader's system server (``DYN_SYSTEM_HOST:DYN_SYSTEM_PORT``): /health, /metrics."""
-    entry = plan["cohorts"][cohort]
-    leader = next(r for r in entry["ranks"] if r["leader"])
-    return f"http://{leader['address']}:{entry['ports']['system']}"
+    return Plan.from_dict(plan).cohort(cohort).system_url
 
 
-def leader_view(plan: dict[str, Any], cohort: int, timeout: float = 0.5) -> EngineFailoverView | None:
+def leader_view(plan: Plan | dict[str, Any], cohort: int, timeout: float = 0.5) -> EngineFailoverView | None:
     """The leader's failover view (state, entered time, counters), None when it does not answer."""
-    answer = http_get(leader_base(plan, cohort) + "/metrics", timeout)
+    entry = Plan.from_dict(plan).cohort(cohort)
+    answer = http_get(entry.system_url + "/metrics", timeout)
     if answer is None or answer[0] != 200:
         return None
-    return engine_failover_view(answer[1]).get(str(plan["cohorts"][cohort]["engine_id"]))
+    return engine_failover_view(answer[1]).get(str(entry.engine_id))
 
 
-def leader_state(plan: dict[str, Any], cohort: int, timeout: float = 0.5) -> str | None:
+def leader_state(plan: Plan | dict[str, Any], cohort: int, timeout: float = 0.5) -> str | None:
     view = leader_view(plan, cohort, timeout)
     return view.state if view else None
 
@@ -66,33 +66,33 @@ def lock_holder(lock_path: str) -> str | None:
     return read_holder(lock_path) if is_locked(lock_path) else None
 
 
-def rank_states(plan: dict[str, Any], host: str, health_timeout_s: float = 1.0,
+def rank_states(plan: Plan, host: str, health_timeout_s: float = 1.0,
                 heartbeat_stall_s: float = 3.0) -> list[dict[str, Any]]:
     """One entry per cohort rank on ``host``."""
     states = []
-    for cohort in plan["cohorts"]:
-        rank = next((r for r in cohort["ranks"] if r["host"] == host), None)
+    for cohort in plan.cohorts:
+        rank = next((r for r in cohort.ranks if r.host == host), None)
         if rank is None:
             continue
-        unit = unit_name(plan["deployment"], "engine", cohort["cohort"])
+        unit = plan.unit_name("engine", cohort.cohort)
         status = unit_status(unit)
         entry: dict[str, Any] = {
-            "cohort": cohort["cohort"], "role": cohort["role"], "host": host, "rank": rank["node_rank"],
-            "leader": rank["leader"], "unit": unit, "pid": status["pid"], "health": None,
-            "ports": cohort["ports"],
+            "cohort": cohort.cohort, "role": cohort.role, "host": host, "rank": rank.node_rank,
+            "leader": rank.leader, "unit": unit, "pid": status["pid"], "health": None,
+            "ports": asdict(cohort.ports),
         }
         if status["active_state"] not in ("active", "activating", "deactivating") or not status["pid"]:
             entry["state"] = "dead"
-        elif rank["leader"]:
+        elif rank.leader:
             entry.update(_leader_state(rank, health_timeout_s))
         else:
-            entry["state"] = _headless_state(plan, cohort["engine_id"], rank, heartbeat_stall_s)
+            entry["state"] = _headless_state(plan, cohort.engine_id, rank, heartbeat_stall_s)
         states.append(entry)
     return states
 
 
-def _leader_state(rank: dict[str, Any], timeout: float) -> dict[str, Any]:
-    env = rank["process"]["env"]
+def _leader_state(rank: RankPlan, timeout: float) -> dict[str, Any]:
+    env = rank.process.env
     base = f"http://{env['DYN_SYSTEM_HOST']}:{env['DYN_SYSTEM_PORT']}"
     health = http_get(f"{base}/health", timeout)
     if health is None:
@@ -104,11 +104,11 @@ def _leader_state(rank: dict[str, Any], timeout: float) -> dict[str, Any]:
     return {"state": state, "health": health[0]}
 
 
-def _headless_state(plan: dict[str, Any], engine_id: int, rank: dict[str, Any], stall_s: float) -> str:
+def _headless_state(plan: Plan, engine_id: int, rank: RankPlan, stall_s: float) -> str:
     """A headless rank shows progress only through the stand-in's collective heartbeat file."""
-    if plan["backend"] != "standin":
+    if plan.backend != "standin":
         return "running"
-    path = heartbeat_path(str(engine_id), rank["node_rank"], os.path.dirname(plan["lock_path"]))
+    path = heartbeat_path(str(engine_id), rank.node_rank, plan.lock_dir)
     try:
         age = time.time() - os.stat(path).st_mtime
     except FileNotFoundError:

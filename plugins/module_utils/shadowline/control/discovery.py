@@ -29,7 +29,6 @@ live worker whose lease is revoked exits (a clean fence).
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Iterable
@@ -37,7 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..deployment.plan import Plan
 from .etcd_client import Etcd, EtcdError
+from .proc import listening_ports  # noqa: F401 (callers read discovery.listening_ports; it lives in proc.py)
 
 PREFIX = "v1/"
 INSTANCES = "v1/instances/"
@@ -149,13 +150,7 @@ def _split(address: str | None) -> tuple[str | None, int | None]:
 
 # -- cohorts -------------------------------------------------------------------------------------------- #
 
-def _leader(plan: dict[str, Any], cohort: int) -> tuple[str, int]:
-    entry = plan["cohorts"][cohort]
-    leader = next(r for r in entry["ranks"] if r["leader"])
-    return leader["address"], int(entry["ports"]["system"])
-
-
-def cohort_registrations(etcd: Etcd, plan: dict[str, Any], cohort: int,
+def cohort_registrations(etcd: Etcd, plan: Plan | dict[str, Any], cohort: int,
                          ports: Iterable[int] = ()) -> list[Registration]:
     """The registrations of ``cohort``'s leader.
 
@@ -164,8 +159,9 @@ def cohort_registrations(etcd: Etcd, plan: dict[str, Any], cohort: int,
     leader's processes listen on, for callers on that node: exact for the stand-in too). Registrations of
     another model are never matched.
     """
-    address, system_port = _leader(plan, cohort)
-    return worker_registrations(etcd, address, system_port, ports, plan.get("model_id"))
+    typed = Plan.from_dict(plan)  # a dict plan until every caller holds the typed one
+    entry = typed.cohort(cohort)
+    return worker_registrations(etcd, entry.leader.address, entry.ports.system, ports, typed.model_id)
 
 
 def worker_registrations(etcd: Etcd, address: str, system_port: int | None = None, ports: Iterable[int] = (),
@@ -209,7 +205,7 @@ def revoke_leases(etcd: Etcd, leases: Iterable[int]) -> list[int]:
     return [lease for lease in leases if done.get(lease)]
 
 
-def revoke_cohort(etcd: Etcd, plan: dict[str, Any], cohort: int, ports: Iterable[int] = ()) -> list[int]:
+def revoke_cohort(etcd: Etcd, plan: Plan, cohort: int, ports: Iterable[int] = ()) -> list[int]:
     """Revoke every registration of ``cohort`` at once (see cohort_registrations); returns the lease ids."""
     return revoke_leases(etcd, [r.lease for r in cohort_registrations(etcd, plan, cohort, ports)])
 
@@ -224,34 +220,3 @@ def wait_unregistered(etcd: Etcd, leases: Iterable[int], timeout: float, interva
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
-
-
-# -- which ports a process tree listens on (for callers on the worker's node) ------------------------------ #
-
-def listening_ports(pids: Iterable[int]) -> set[int]:
-    """TCP ports in LISTEN state whose socket is open in one of ``pids`` (reads /proc; same user or root)."""
-    inodes: set[str] = set()
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    ports: set[int] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table, encoding="ascii") as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports

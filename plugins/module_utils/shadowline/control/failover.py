@@ -14,14 +14,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..deployment.plan import Plan
 from .cohort_state import lock_holder
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Slot
 from .etcd_client import Etcd, EtcdError
 from .events import read_events
-from ..drill.faults import DrillError, serving_cohort
+from .lock import parse_holder
 
-Plan = dict[str, Any]
 MODES = ("planned", "forced")
+
+
+class FailoverError(Exception):
+    """A failover cannot be done as asked (or now); the message says why and what to do."""
 
 
 def describe(slots: dict[int, tuple[Slot, int]], holder: str | None) -> str:
@@ -36,19 +40,19 @@ def describe(slots: dict[int, tuple[Slot, int]], holder: str | None) -> str:
 def plan_failover(plan: Plan, cohort: int, mode: str) -> dict[str, Any]:
     """What a failover of ``cohort`` would do now: {action, slot, revision, slots, holder, serving, after}."""
     if mode not in MODES:
-        raise DrillError(f"mode={mode!r}: planned or forced")
-    if not 0 <= cohort < len(plan["cohorts"]):
-        raise DrillError(f"cohort {cohort} is not in the plan (cohorts 0..{len(plan['cohorts']) - 1})")
-    coord = Coordination(Etcd(plan["infra"]["etcd_endpoints"]), plan["deployment"])
+        raise FailoverError(f"mode={mode!r}: planned or forced")
+    if not plan.has_cohort(cohort):
+        raise FailoverError(f"cohort {cohort} is not in the plan (cohorts 0..{len(plan.cohorts) - 1})")
+    coord = Coordination(Etcd(plan.infra.etcd_endpoints), plan.deployment)
     try:
         slots = coord.slots()
     except EtcdError as err:
-        raise DrillError(f"etcd does not answer: {err}") from None
+        raise FailoverError(f"etcd does not answer: {err}") from None
     if cohort not in slots:
-        raise DrillError(f"cohort {cohort} has no slot in etcd: do the agents run? (playbooks/site.yml)")
+        raise FailoverError(f"cohort {cohort} has no slot in etcd: do the agents run? (playbooks/site.yml)")
     slot, revision = slots[cohort]
-    holder = lock_holder(plan["lock_path"])
-    serving = serving_cohort(holder)
+    holder = lock_holder(plan.lock_path)
+    serving = parse_holder(holder or "")
     parked = [c for c, (s, _r) in slots.items() if c != cohort and s.state == RUNNING and c != serving]
     after = {c: (Slot(**{**s.__dict__}), r) for c, (s, r) in slots.items()}
     if slot.state == DEAD:
@@ -57,7 +61,7 @@ def plan_failover(plan: Plan, cohort: int, mode: str) -> dict[str, Any]:
                               reason=f"{mode}-failover: revived"), 0)
     elif slot.state in (RUNNING, LAUNCHING):
         if mode == "planned" and cohort == serving and not parked:
-            raise DrillError(f"cohort {cohort} serves and no shadow is parked to take over: a planned failover "
+            raise FailoverError(f"cohort {cohort} serves and no shadow is parked to take over: a planned failover "
                              "would stop serving until the relaunch. Fix: wait for a parked shadow "
                              "(playbooks/status.yml), or use mode=forced")
         action = "fail over"
@@ -85,11 +89,11 @@ def run_failover(plan: Plan, cohort: int, mode: str, host: str, wait: bool = Tru
         revived = Slot(cohort=cohort, generation=slot.generation + 1, state=LAUNCHING,
                        reason=f"{reason}: revived by {host}", attempts=0)
         if not coord.swap(revived, planned["revision"]):
-            raise DrillError(f"cohort {cohort}'s slot changed while reviving it; run it again")
+            raise FailoverError(f"cohort {cohort}'s slot changed while reviving it; run it again")
         failed_generation = slot.generation
     elif planned["action"] == "fail over":
         if coord.declare_failed(cohort, slot.generation, reason, host) is None:
-            raise DrillError(f"cohort {cohort} generation {slot.generation} was declared failed by someone else "
+            raise FailoverError(f"cohort {cohort} generation {slot.generation} was declared failed by someone else "
                              "(or changed) just now; run it again")
         failed_generation = slot.generation
     else:
@@ -108,7 +112,7 @@ def run_failover(plan: Plan, cohort: int, mode: str, host: str, wait: bool = Tru
 def follow(plan: Plan, coord: Coordination, cohort: int, generation: int, was_serving: bool, since: float,
            timeout_s: float) -> dict[str, Any]:
     """Watch the driver's events until the slot is refilled (and, if it served, another cohort promoted)."""
-    path = f"{plan['state_dir']}/events.jsonl"
+    path = plan.events_path
     deadline = time.time() + timeout_s
     seen: dict[str, Any] = {}
     while True:
@@ -127,7 +131,7 @@ def follow(plan: Plan, coord: Coordination, cohort: int, generation: int, was_se
             break
         time.sleep(0.1)
     slot, _rev = coord.slot(cohort)
-    holder = lock_holder(plan["lock_path"])
+    holder = lock_holder(plan.lock_path)
 
     def rel(key: str) -> float | None:
         return round(seen[key]["time"] - since, 3) if key in seen else None

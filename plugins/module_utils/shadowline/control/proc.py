@@ -1,5 +1,6 @@
 """Process control for engine ranks: the processes of a systemd unit (its cgroup), killing them all at once,
-and waiting for exits without being their parent (pidfd).
+and waiting for exits without being their parent (pidfd); and every read of /proc (a process's state, start
+time, command line, sockets, cgroup and environment; the listening TCP sockets; the mounts), in one place.
 
 Engine units run with KillMode=control-group, so a rank is "gone" when its unit's cgroup has no process.
 Killing through the cgroup reaches every process of the rank (the stand-in's worker, vLLM's workers),
@@ -12,6 +13,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 CGROUP_ROOTS = ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgroup")
 
@@ -108,3 +111,163 @@ def alive(pid: int) -> bool:
 
 def systemctl(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=timeout)
+
+
+# --- /proc ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProcStat:
+    """Fields of /proc/<pid>/stat: the state letter (R, S, D, T stopped, Z zombie, ...) and the start time in
+    clock ticks since boot (with the pid, it names a process: a pid the kernel reused has another start)."""
+    state: str
+    start_ticks: int
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """The process's stat fields, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 on
+    return ProcStat(state=fields[0], start_ticks=int(fields[19]))
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time (field 22 of /proc/<pid>/stat), None when it is gone."""
+    stat = proc_stat(pid)
+    return stat.start_ticks if stat else None
+
+
+def stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP: state T)."""
+    stat = proc_stat(pid)
+    return bool(stat and stat.state == "T")
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (unlike ``alive``, which a zombie still is)."""
+    stat = proc_stat(pid)
+    return bool(stat and stat.state != "Z")
+
+
+def command_line(pid: int) -> list[str]:
+    """The process's argv ([] when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return [part.decode("utf-8", "replace") for part in handle.read().split(b"\0") if part]
+    except OSError:
+        return []
+
+
+def process_name(pid: int) -> str | None:
+    """/proc/<pid>/comm."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def process_cgroup(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def process_environ(pid: int) -> list[bytes]:
+    """The process's environment as ``KEY=VALUE`` byte strings ([] when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return handle.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def pids() -> list[int]:
+    """Every process of the node (of this pid namespace)."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def socket_inodes(pid: int) -> set[str]:
+    """Inodes of the sockets the process has open (same user or root)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return set()
+    inodes = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+@dataclass(frozen=True)
+class Listener:
+    port: int
+    address: str
+    inode: str
+
+
+def tcp_listeners() -> list[Listener]:
+    """Every TCP socket in LISTEN state (IPv4 and IPv6) of the node's network namespace."""
+    found = []
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path, encoding="ascii") as handle:
+                lines = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A":  # 0A: TCP_LISTEN
+                address_hex, port_hex = fields[1].rsplit(":", 1)
+                found.append(Listener(int(port_hex, 16), _decode_address(address_hex), fields[9]))
+    return found
+
+
+def _decode_address(hexaddr: str) -> str:
+    if len(hexaddr) == 8:
+        return ".".join(str(b) for b in bytes.fromhex(hexaddr)[::-1])
+    words = [bytes.fromhex(hexaddr[i:i + 8])[::-1].hex() for i in range(0, 32, 8)]
+    joined = "".join(words)
+    return ":".join(joined[i:i + 4] for i in range(0, 32, 4))
+
+
+def listening_ports(of_pids: Iterable[int]) -> set[int]:
+    """TCP ports in LISTEN state whose socket is open in one of ``of_pids``."""
+    inodes: set[str] = set()
+    for pid in of_pids:
+        inodes |= socket_inodes(pid)
+    return {listener.port for listener in tcp_listeners() if listener.inode in inodes}
+
+
+@dataclass(frozen=True)
+class Mount:
+    mountpoint: str
+    fstype: str
+    options: tuple[str, ...]
+
+
+def mounts() -> list[Mount]:
+    """The mounts this process sees (/proc/self/mountinfo)."""
+    found = []
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 6 or not tail:
+            continue
+        found.append(Mount(mountpoint=fields[4].replace("\\040", " "), fstype=tail[0],
+                           options=tuple(fields[5].split(","))))
+    return found

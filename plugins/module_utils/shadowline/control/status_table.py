@@ -17,7 +17,7 @@ def status_rows(ranks: list[dict[str, Any]], holder: str | None, model: str) -> 
     return rows
 
 
-def render_table(ranks: list[dict[str, Any]], holder: str | None, model: str) -> str:
+def render_status_table(ranks: list[dict[str, Any]], holder: str | None, model: str) -> str:
     rows = [COLUMNS] + status_rows(ranks, holder, model)
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -12,16 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model.errors import SpecError
-from ..model.spec import FORMATS, PINNED_RE, parse_source
+from ..model.spec import DEFAULT_FORMAT, FORMATS, MODEL_ID_RE, PINNED_RE, parse_source
 from ..backends import NAMES as BACKENDS
 from .problems import Problem
-from .values import Reader, describe, suggest
+from .values import Reader, as_bool, describe, suggest
 
 SAFE_FORMATS = ["safetensors"]
 PICKLE_FORMATS = [f for f in FORMATS if f not in SAFE_FORMATS]
 DEPLOYMENT_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")
 REVISION_RE = PINNED_RE
-MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 DEFAULT_PORTS: dict[str, int] = {
     "frontend": 8000,
@@ -36,7 +35,7 @@ DEFAULT_PORTS: dict[str, int] = {
     "nats_cluster": 6222,
     "agent_metrics": 8480,
 }
-DEFAULT_MODEL: dict[str, Any] = {"id": None, "revision": None, "source": None, "local_dir": None, "format": "safetensors"}
+DEFAULT_MODEL: dict[str, Any] = {"id": None, "revision": None, "source": None, "local_dir": None, "format": DEFAULT_FORMAT}
 DEFAULT_ENGINE: dict[str, Any] = {
     "backend": "dynamo_vllm",
     "tensor_parallel_size": 1,
@@ -361,7 +360,7 @@ def _parse_model(read: Reader, shared: dict[str, Any]) -> Model | None:
     revision = values["revision"]
     if revision is None:
         revision_text = "main"
-        if not as_allowed(shared.get("gms_model_allow_unpinned")):
+        if as_bool(shared.get("gms_model_allow_unpinned")) is not True:
             read.problem("gms_model.revision", "is not set, so the model is not pinned.",
                          "set it to the 40-hex commit id of the model repository "
                          "(or gms_model_allow_unpinned: true, which follows a moving branch).")
@@ -380,10 +379,6 @@ def _parse_model(read: Reader, shared: dict[str, Any]) -> Model | None:
     if not (model_id and revision_text and source_text and model_format and local_dir):
         return None
     return Model(id=model_id, revision=revision_text, source=source_text, local_dir=local_dir, format=model_format)
-
-
-def as_allowed(value: Any) -> bool:
-    return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "yes", "1"))
 
 
 def _parse_source(read: Reader, source: Any) -> str | None:

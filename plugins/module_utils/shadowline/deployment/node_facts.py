@@ -13,6 +13,7 @@ from typing import Any
 
 from ..backends import BACKENDS
 from ..backends import backend as backend_strategy
+from ..control.proc import mounts, pids, process_cgroup, process_environ, process_name, socket_inodes, tcp_listeners
 
 NETWORK_FILESYSTEMS = {
     "nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "smbfs", "afs", "9p", "ceph", "glusterfs",
@@ -24,7 +25,7 @@ MANIFEST_NAME = "shadowline-manifest.json"
 def gather(deployment: str | None, lock_path: str | None, python: str | None, backend: str | None,
            model_dir: str | None, service_user: str | None) -> dict[str, Any]:
     return {
-        "listening": listening_ports(deployment),
+        "listening": listening_sockets(deployment),
         "processes": deployment_processes(deployment) if deployment else [],
         "lock_dir": path_facts(os.path.dirname(lock_path), service_user) if lock_path else None,
         "gpus": nvidia_gpus(),
@@ -33,19 +34,16 @@ def gather(deployment: str | None, lock_path: str | None, python: str | None, ba
     }
 
 
-def listening_ports(deployment: str | None) -> list[dict[str, Any]]:
+def listening_sockets(deployment: str | None) -> list[dict[str, Any]]:
     """Every listening TCP socket with its owning process and whether that process is ours."""
-    inodes: dict[str, tuple[int, str]] = {}
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for port, address, inode in _listen_entries(name):
-            inodes[inode] = (port, address)
-    owners = _socket_owners(set(inodes))
+    listeners = {listener.inode: listener for listener in tcp_listeners()}
+    owners = _socket_owners(set(listeners))
     result = []
-    for inode, (port, address) in sorted(inodes.items(), key=lambda kv: kv[1][0]):
+    for inode, listener in sorted(listeners.items(), key=lambda kv: kv[1].port):
         pid = owners.get(inode)
         result.append({
-            "port": port, "address": address, "pid": pid,
-            "process": _comm(pid) if pid else None,
+            "port": listener.port, "address": listener.address, "pid": pid,
+            "process": process_name(pid) if pid else None,
             "ours": bool(pid and deployment and _belongs_to(pid, deployment)),
         })
     return result
@@ -53,74 +51,23 @@ def listening_ports(deployment: str | None) -> list[dict[str, Any]]:
 
 def deployment_processes(deployment: str) -> list[dict[str, Any]]:
     """Every process of the deployment on this node (by unit cgroup or environment marker)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid() and _belongs_to(int(name), deployment):
-            found.append({"pid": int(name), "process": _comm(int(name))})
-    return found
-
-
-def _listen_entries(path: str) -> list[tuple[int, str, str]]:
-    entries = []
-    try:
-        with open(path, encoding="ascii") as handle:
-            next(handle, None)
-            for line in handle:
-                fields = line.split()
-                if len(fields) > 9 and fields[3] == "0A":  # TCP_LISTEN
-                    address_hex, port_hex = fields[1].split(":")
-                    entries.append((int(port_hex, 16), _decode_address(address_hex), fields[9]))
-    except OSError:
-        pass
-    return entries
-
-
-def _decode_address(hexaddr: str) -> str:
-    if len(hexaddr) == 8:
-        return ".".join(str(b) for b in bytes.fromhex(hexaddr)[::-1])
-    words = [bytes.fromhex(hexaddr[i:i + 8])[::-1].hex() for i in range(0, 32, 8)]
-    joined = "".join(words)
-    return ":".join(joined[i:i + 4] for i in range(0, 32, 4))
+    return [{"pid": pid, "process": process_name(pid)} for pid in pids()
+            if pid != os.getpid() and _belongs_to(pid, deployment)]
 
 
 def _socket_owners(inodes: set[str]) -> dict[str, int]:
     owners: dict[str, int] = {}
-    for pid_name in os.listdir("/proc"):
-        if not pid_name.isdigit():
-            continue
-        fd_dir = f"/proc/{pid_name}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"{fd_dir}/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:[") and target[8:-1] in inodes:
-                owners.setdefault(target[8:-1], int(pid_name))
+    for pid in pids():
+        for inode in socket_inodes(pid) & inodes:
+            owners.setdefault(inode, pid)
     return owners
-
-
-def _comm(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8") as handle:
-            return handle.read().strip()
-    except OSError:
-        return None
 
 
 def _belongs_to(pid: int, deployment: str) -> bool:
     """A process is ours when it runs in one of the deployment's units or carries its environment marker."""
-    try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as handle:
-            if f"shadowline-{deployment}-" in handle.read():
-                return True
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            return f"SHADOWLINE_DEPLOYMENT={deployment}".encode() in handle.read().split(b"\0")
-    except OSError:
-        return False
+    if f"shadowline-{deployment}-" in (process_cgroup(pid) or ""):
+        return True
+    return f"SHADOWLINE_DEPLOYMENT={deployment}".encode() in process_environ(pid)
 
 
 def path_facts(path: str, service_user: str | None) -> dict[str, Any]:
@@ -151,18 +98,10 @@ def path_facts(path: str, service_user: str | None) -> dict[str, Any]:
 def _mount_of(path: str) -> dict[str, Any]:
     real = os.path.realpath(path)
     best: dict[str, Any] = {}
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as handle:
-            for line in handle:
-                left, _, right = line.partition(" - ")
-                fields = left.split()
-                mountpoint = fields[4].replace("\\040", " ")
-                inside = real == mountpoint or real.startswith(mountpoint.rstrip("/") + "/")
-                if inside and len(mountpoint) >= len(best.get("mountpoint", "")):
-                    best = {"mountpoint": mountpoint, "fstype": right.split()[0],
-                            "options": fields[5].split(",")}
-    except OSError:
-        pass
+    for mount in mounts():
+        inside = real == mount.mountpoint or real.startswith(mount.mountpoint.rstrip("/") + "/")
+        if inside and len(mount.mountpoint) >= len(best.get("mountpoint", "")):
+            best = {"mountpoint": mount.mountpoint, "fstype": mount.fstype, "options": list(mount.options)}
     return best
 
 

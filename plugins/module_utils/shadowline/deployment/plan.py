@@ -146,6 +146,11 @@ class Plan:
     def hosts(self) -> list[str]:
         return [n.host for n in self.nodes]
 
+    @property
+    def infra_hosts(self) -> list[str]:
+        """The hosts of etcd, NATS and the frontend (gms_infra, else the leader node)."""
+        return [n.host for n in self.infra.hosts]
+
     def node(self, host: str) -> Node:
         for node in self.nodes:
             if node.host == host:
@@ -180,6 +185,15 @@ class Plan:
 
     def agent_lock_path(self, host: str) -> str:
         return f"{self.state_dir}/agent-{host}.lock"
+
+    @property
+    def nats_store_dir(self) -> str:
+        """NATS JetStream's store (the infra hosts' NATS configuration names it)."""
+        return nats_store_dir(self.state_dir)
+
+
+def nats_store_dir(state_dir: str) -> str:
+    return f"{state_dir}/nats"
 
 
 def unit_name(deployment: str, kind: str, cohort: int | None = None) -> str:
@@ -240,14 +254,17 @@ def _plan_from_dict(data: dict[str, Any]) -> Plan:
     )
 
 
-def build_plan(contract: Contract) -> Plan:
-    infra = _infra_plan(contract)
+def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str | None = None) -> Plan:
+    """The plan of a contract. ``state_dir``/``config_dir`` default to the hosts' (/var/lib/shadowline/<dep>,
+    /etc/shadowline/<dep>); a Slurm job passes node-local directories of its own."""
+    dirs = _Dirs(state=state_dir or STATE_DIR.format(deployment=contract.deployment),
+                 config=config_dir or CONFIG_DIR.format(deployment=contract.deployment))
+    infra = _infra_plan(contract, dirs)
     gms_servers = tuple(_gms_server(contract, node) for node in contract.nodes)
     cohorts = tuple(_cohort_plan(contract, infra, cohort) for cohort in range(contract.cohorts))
     return Plan(
         deployment=contract.deployment, backend=contract.engine.backend,
-        state_dir=STATE_DIR.format(deployment=contract.deployment),
-        config_dir=CONFIG_DIR.format(deployment=contract.deployment), service_user=contract.service_user,
+        state_dir=dirs.state, config_dir=dirs.config, service_user=contract.service_user,
         gpus_per_node=contract.engine.gpus_per_node, ports=contract.ports,
         failover=contract.failover, model_id=contract.model.id,
         model_dir=contract.model.local_dir, revision=contract.model.revision, socket_dir=contract.socket_dir,
@@ -256,31 +273,36 @@ def build_plan(contract: Contract) -> Plan:
     )
 
 
+@dataclass(frozen=True)
+class _Dirs:
+    state: str  # etcd data, NATS store, the frontend's HOME, event logs
+    config: str  # NATS configuration, plan.json
+
+
 def standin_gpu_uuids(deployment: str, host: str, count: int) -> list[str]:
     """Stable fake GPU UUIDs for the stand-in backend (real GPUs report their own through CUDA)."""
     return gpu_uuids(deployment, host, count)
 
 
-def _infra_plan(contract: Contract) -> InfraPlan:
+def _infra_plan(contract: Contract, dirs: _Dirs) -> InfraPlan:
     ports = contract.ports
     etcd = ",".join(f"http://{n.address}:{ports.etcd_client}" for n in contract.infra_hosts)
     nats = ",".join(f"nats://{n.address}:{ports.nats}" for n in contract.infra_hosts)
     first = contract.infra_hosts[0]
     argv = (contract.python, "-m", "dynamo.frontend", "--http-host", contract.frontend_bind,
             "--http-port", str(ports.frontend), "--migration-limit", str(FRONTEND_MIGRATION_LIMIT))
-    state_dir = STATE_DIR.format(deployment=contract.deployment)
     env = {
         **_discovery_env(etcd, nats),
         "DYN_TCP_RESPONSE_STREAM_HOST": first.address,
         "HF_HUB_OFFLINE": "1",
-        "HOME": f"{state_dir}/frontend",
+        "HOME": f"{dirs.state}/frontend",
         "SHADOWLINE_DEPLOYMENT": contract.deployment,
     }
     return InfraPlan(hosts=contract.infra_hosts, etcd_endpoints=etcd, nats_server=nats,
                      frontend_url=f"http://{_reachable(contract.frontend_bind, first.address)}:{ports.frontend}",
                      frontend=Process(host=first.host, argv=argv, env=env),
-                     etcd=tuple(_etcd_member(contract, node) for node in contract.infra_hosts),
-                     nats=tuple(_nats_server(contract, node) for node in contract.infra_hosts))
+                     etcd=tuple(_etcd_member(contract, dirs, node) for node in contract.infra_hosts),
+                     nats=tuple(_nats_server(contract, dirs, node) for node in contract.infra_hosts))
 
 
 def _reachable(bind: str, address: str) -> str:
@@ -290,12 +312,12 @@ def _reachable(bind: str, address: str) -> str:
     return f"[{bind}]" if ":" in bind and not bind.startswith("[") else bind
 
 
-def _etcd_member(contract: Contract, node: Node) -> Process:
+def _etcd_member(contract: Contract, dirs: _Dirs, node: Node) -> Process:
     """One etcd member, listening on the node's address only; 1 or 3 members form the cluster."""
     ports = contract.ports
     cluster = ",".join(f"{n.host}=http://{n.address}:{ports.etcd_peer}" for n in contract.infra_hosts)
     argv = ("/usr/bin/etcd", "--name", node.host,
-            "--data-dir", f"{STATE_DIR.format(deployment=contract.deployment)}/etcd",
+            "--data-dir", f"{dirs.state}/etcd",
             "--listen-client-urls", f"http://{node.address}:{ports.etcd_client}",
             "--advertise-client-urls", f"http://{node.address}:{ports.etcd_client}",
             "--listen-peer-urls", f"http://{node.address}:{ports.etcd_peer}",
@@ -305,15 +327,15 @@ def _etcd_member(contract: Contract, node: Node) -> Process:
     return Process(host=node.host, argv=argv, env={})
 
 
-def _nats_server(contract: Contract, node: Node) -> Process:
+def _nats_server(contract: Contract, dirs: _Dirs, node: Node) -> Process:
     """NATS with JetStream; client port on the node's address, monitoring on loopback only."""
     ports = contract.ports
-    config_path = f"{CONFIG_DIR.format(deployment=contract.deployment)}/nats-server.conf"
+    config_path = f"{dirs.config}/nats-server.conf"
     lines = [
         f'server_name: "{node.host}"',
         f'listen: "{node.address}:{ports.nats}"',
         f'http: "127.0.0.1:{ports.nats_monitor}"',
-        f'jetstream {{ store_dir: "{STATE_DIR.format(deployment=contract.deployment)}/nats" }}',
+        f'jetstream {{ store_dir: "{nats_store_dir(dirs.state)}" }}',
     ]
     if len(contract.infra_hosts) > 1:
         routes = ", ".join(f'"nats-route://{n.address}:{ports.nats_cluster}"' for n in contract.infra_hosts)

@@ -7,11 +7,11 @@ The serving cohort is the lock holder (``engine-<id>`` in the lock file on the l
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
-Plan = dict[str, Any]
+from ..control.lock import parse_holder
+from ..deployment.plan import Plan
 
 
 class DrillError(Exception):
@@ -30,6 +30,7 @@ class Fault:
     zero_failed: bool  # not one request may fail
     min_observe_s: float  # watch at least this long after the fault before calling it settled
     multi_node: bool = False  # needs a second node
+    rank_hook: bool = False  # needs the backend's per-rank fault control file (Backend.rank_fault_file)
 
 
 FAULTS: dict[str, Fault] = {f.name: f for f in (
@@ -39,8 +40,9 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
           "serving", "last", True, ("rank-exited",), True, False, 0.5, multi_node=True),
     Fault("hang-leader", "freeze the serving leader's whole engine (SIGSTOP of every process of its unit)",
           "serving", "leader", True, ("leader-hung", "collective-stalled"), True, False, 0.5),
-    Fault("hang-worker", "hang-collective fault (stand-in control file) on the serving cohort's last-node rank",
-          "serving", "last", True, ("collective-stalled",), True, False, 0.5, multi_node=True),
+    Fault("hang-worker", "hang-collective fault (the backend's rank control file) on the serving cohort's "
+          "last-node rank", "serving", "last", True, ("collective-stalled",), True, False, 0.5, multi_node=True,
+          rank_hook=True),
     Fault("kill-standby", "SIGKILL a parked shadow's leader: serving must not notice",
           "standby", "leader", True, ("rank-exited",), False, True, 0.5),
     Fault("kill-gms", "SIGKILL the GMS server on one node: mapped weights survive, serving continues",
@@ -56,23 +58,21 @@ def fault_names() -> list[str]:
     return list(FAULTS)
 
 
-def serving_cohort(holder: str | None) -> int | None:
-    """The cohort of a lock holder ``engine-<id>`` (engine ids equal cohort numbers in a plan)."""
-    if not holder or not holder.startswith("engine-") or not holder[7:].isdigit():
-        return None
-    return int(holder[7:])
+def fault(name: str) -> Fault:
+    """The fault called ``name``; a DrillError naming every fault otherwise (the playbook's only check)."""
+    if name not in FAULTS:
+        raise DrillError(f"fault={name!r} is not a drill fault. Fix: one of {', '.join(FAULTS)} (-e fault=kill-leader)")
+    return FAULTS[name]
 
 
-def choose_target(plan: Plan, fault: str, holder: str | None, host: str | None = None,
+def choose_target(plan: Plan, name: str, holder: str | None, host: str | None = None,
                   cohort: int | None = None) -> dict[str, Any]:
-    """Where ``fault`` lands: {host, cohort, node_rank} (cohort None for node-level faults)."""
-    if fault not in FAULTS:
-        raise DrillError(f"fault={fault!r} is not a drill fault. Fix: one of {', '.join(FAULTS)}")
-    spec = FAULTS[fault]
-    nodes = sorted(plan["nodes"], key=lambda n: n["rank"])
+    """Where fault ``name`` lands: {host, cohort, node_rank} (cohort None for node-level faults)."""
+    spec = fault(name)
+    nodes = plan.nodes  # in rank order: nodes[0] is the leader node
     if spec.multi_node and len(nodes) < 2:
-        raise DrillError(f"{fault} needs a node other than the leader; this deployment has one node")
-    serving = serving_cohort(holder)
+        raise DrillError(f"{name} needs a node other than the leader; this deployment has one node")
+    serving = parse_holder(holder or "")
     if spec.cohort and serving is None:
         raise DrillError("no cohort holds the failover lock: nothing serves, so there is nothing to drill. "
                          "Fix: playbooks/status.yml, then playbooks/site.yml")
@@ -80,33 +80,32 @@ def choose_target(plan: Plan, fault: str, holder: str | None, host: str | None =
     if spec.cohort == "serving":
         chosen = serving if cohort is None else cohort
     elif spec.cohort == "standby" and cohort is None:
-        parked = [c["cohort"] for c in plan["cohorts"] if c["cohort"] != serving]
+        parked = [c for c in plan.cohort_ids if c != serving]
         if not parked:
             raise DrillError("kill-standby needs a parked shadow; this deployment has one cohort (gms_cohorts: 1)")
         chosen = parked[0]
     if host is None:
-        host = nodes[0]["host"] if spec.node == "leader" else nodes[-1]["host"]
-    node = next((n for n in nodes if n["host"] == host), None)
-    if node is None:
-        raise DrillError(f"target {host!r} is not a node of deployment {plan['deployment']}")
-    if fault == "cut-node" and node["rank"] == 0:
+        host = nodes[0].host if spec.node == "leader" else nodes[-1].host
+    if host not in plan.hosts:
+        raise DrillError(f"target {host!r} is not a node of deployment {plan.deployment}")
+    node = plan.node(host)
+    if name == "cut-node" and node.rank == 0:
         raise DrillError("cut-node takes a non-leader node: the leader node holds etcd, the frontend and the lock")
-    if fault in ("kill-leader", "hang-leader", "kill-standby") and node["rank"] != 0:
-        raise DrillError(f"{fault} hits a cohort leader, which runs on the leader node {nodes[0]['host']}")
-    if fault in ("kill-worker", "hang-worker") and node["rank"] == 0:
-        raise DrillError(f"{fault} hits a headless rank: choose a node other than the leader")
-    if fault == "hang-worker" and plan["backend"] != "standin":
-        raise DrillError("hang-worker needs the stand-in backend (its hang-collective control file); "
-                         "dynamo_vllm has no such hook")
-    return {"host": host, "cohort": chosen if spec.cohort else None, "node_rank": node["rank"],
+    if name in ("kill-leader", "hang-leader", "kill-standby") and node.rank != 0:
+        raise DrillError(f"{name} hits a cohort leader, which runs on the leader node {nodes[0].host}")
+    if name in ("kill-worker", "hang-worker") and node.rank == 0:
+        raise DrillError(f"{name} hits a headless rank: choose a node other than the leader")
+    if spec.rank_hook and rank_fault_file(plan, chosen or 0, node.rank) is None:
+        raise DrillError(f"{name} needs a per-rank fault control file, which the stand-in has and the "
+                         f"{plan.backend} backend does not. Fix: drill {name} on a stand-in deployment")
+    return {"host": host, "cohort": chosen if spec.cohort else None, "node_rank": node.rank,
             "summary": spec.summary, "expect_failure": spec.expect_failure, "min_observe_s": spec.min_observe_s}
 
 
-def fault_control_path(plan: Plan, cohort: int, node_rank: int) -> str:
-    """The stand-in's per-rank fault control file (docs/standin.md: state dir = the lock file's directory)."""
-    engine_id = plan["cohorts"][cohort]["engine_id"]
-    return os.path.join(os.path.dirname(plan["lock_path"]), f"fault-engine-{engine_id}-rank-{node_rank}")
+def rank_fault_file(plan: Plan, cohort: int, node_rank: int) -> str | None:
+    """The backend's fault control file of a cohort's rank (None: the backend has none)."""
+    return plan.engine.rank_fault_file(plan.lock_dir, plan.cohort(cohort).engine_id, node_rank)
 
 
 def cut_unit_name(plan: Plan) -> str:
-    return f"shadowline-{plan['deployment']}-drill-cut.service"
+    return plan.unit_name("drill-cut")

@@ -9,7 +9,6 @@ for a survivor of the failed generation.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import signal
@@ -22,55 +21,27 @@ from ..control.cohort_state import http_get, leader_view, lock_holder, unit_stat
 from ..control.coordination import DEAD, RUNNING, Coordination
 from ..control.etcd_client import Etcd, EtcdError
 from ..control.events import read_events
-from ..control.proc import cgroup_pids, monotonic_to_unix, unit_cgroup, unit_properties
-from ..deployment.plan import unit_name
-from .faults import FAULTS, DrillError, cut_unit_name, fault_control_path
+from ..control.proc import cgroup_pids, command_line, monotonic_to_unix, start_ticks, stopped, unit_cgroup, unit_properties
+from ..deployment.plan import Plan
+from .faults import DrillError, cut_unit_name, fault, rank_fault_file
 
-Plan = dict[str, Any]
 CUT_STATE = "/run/shadowline-drill-cut-{deployment}.json"
 
 
-# --- processes -------------------------------------------------------------------------------------------------
-def start_ticks(pid: int) -> int | None:
-    """The process's start time (field 22 of /proc/<pid>/stat), None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[19])
-
-
-def command_of(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:160]
-    except OSError:
-        return ""
-
-
-def stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            stat = handle.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] == "T"
-
-
+# --- processes ---------------------------------------------------------------------------------------------------
 def engine_processes(plan: Plan) -> dict[str, dict[str, Any]]:
     """For every cohort, this node's engine unit: main pid and every process of its cgroup."""
     result = {}
-    for cohort in plan["cohorts"]:
-        unit = unit_name(plan["deployment"], "engine", cohort["cohort"])
+    for cohort in plan.cohort_ids:
+        unit = plan.unit_name("engine", cohort)
         status = unit_status(unit)
         cgroup = unit_cgroup(unit)
         processes = []
         for pid in cgroup_pids(cgroup) if cgroup else []:
             ticks = start_ticks(pid)
             if ticks is not None:
-                processes.append({"pid": pid, "start": ticks, "cmd": command_of(pid)})
-        result[str(cohort["cohort"])] = {"unit": unit, "main_pid": status["pid"],
+                processes.append({"pid": pid, "start": ticks, "cmd": " ".join(command_line(pid))[:160]})
+        result[str(cohort)] = {"unit": unit, "main_pid": status["pid"],
                                          "active": status["active_state"], "processes": processes}
     return result
 
@@ -86,13 +57,13 @@ def survivors(snapshot: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def service_pid(plan: Plan, kind: str) -> int:
-    return unit_status(unit_name(plan["deployment"], kind))["pid"]
+    return unit_status(plan.unit_name(kind))["pid"]
 
 
 def service_state(plan: Plan, kind: str) -> dict[str, Any]:
     """A service unit's main pid and when systemd started that process (unix time, from its monotonic
     timestamp: /proc's boot time is whole seconds)."""
-    props = unit_properties(unit_name(plan["deployment"], kind), "MainPID", "ExecMainStartTimestampMonotonic")
+    props = unit_properties(plan.unit_name(kind), "MainPID", "ExecMainStartTimestampMonotonic")
     pid = int(props.get("MainPID", "0") or 0)
     at = monotonic_to_unix(props.get("ExecMainStartTimestampMonotonic", "0"))
     return {"pid": pid, "started_at": round(at, 3) if pid and at else None}
@@ -102,9 +73,9 @@ def service_state(plan: Plan, kind: str) -> dict[str, Any]:
 def leader_views(plan: Plan, timeout_s: float = 1.0) -> dict[str, dict[str, Any]]:
     """Each cohort leader's failover state from its own metrics (call on the leader node)."""
     views = {}
-    for cohort in plan["cohorts"]:
-        view = leader_view(plan, cohort["cohort"], timeout_s)
-        views[str(cohort["cohort"])] = {
+    for cohort in plan.cohort_ids:
+        view = leader_view(plan, cohort, timeout_s)
+        views[str(cohort)] = {
             "state": view.state if view else None,
             "entered": view.state_entered if view else None,
             "durations": view.last_state_duration if view else {},
@@ -115,7 +86,7 @@ def leader_views(plan: Plan, timeout_s: float = 1.0) -> dict[str, dict[str, Any]
 def slots(plan: Plan) -> dict[str, dict[str, Any]] | None:
     """The slot records in etcd ({cohort: {generation, state, reason, attempts}}), None when etcd is away."""
     try:
-        records = Coordination(Etcd(plan["infra"]["etcd_endpoints"]), plan["deployment"]).slots()
+        records = Coordination(Etcd(plan.infra.etcd_endpoints), plan.deployment).slots()
     except EtcdError:
         return None
     return {str(c): {"generation": s.generation, "state": s.state, "reason": s.reason, "attempts": s.attempts,
@@ -125,16 +96,16 @@ def slots(plan: Plan) -> dict[str, dict[str, Any]] | None:
 def steady(plan: Plan) -> tuple[str | None, dict[str, Any]]:
     """Is the deployment ready for a drill? (None, state) when every slot runs, a cohort holds the lock and
     every other leader is parked; else (what is missing, state)."""
-    state: dict[str, Any] = {"lock_holder": lock_holder(plan["lock_path"]), "slots": slots(plan),
+    state: dict[str, Any] = {"lock_holder": lock_holder(plan.lock_path), "slots": slots(plan),
                              "leaders": leader_views(plan)}
     if state["slots"] is None:
         return "etcd does not answer", state
-    for cohort in plan["cohorts"]:
-        slot = state["slots"].get(str(cohort["cohort"]))
+    for cohort in plan.cohort_ids:
+        slot = state["slots"].get(str(cohort))
         if slot is None or slot["state"] != RUNNING:
-            return f"cohort {cohort['cohort']} is {slot['state'] if slot else 'unknown'}, not running", state
+            return f"cohort {cohort} is {slot['state'] if slot else 'unknown'}, not running", state
         if slot["attempts"]:  # a drill now would count toward the crash-loop limit
-            return (f"cohort {cohort['cohort']} failed soon after its last launch (attempts {slot['attempts']}); "
+            return (f"cohort {cohort} failed soon after its last launch (attempts {slot['attempts']}); "
                     f"waiting until it has run gms_failover.stable_after_s", state)
     if state["lock_holder"] is None:
         return "no cohort holds the failover lock", state
@@ -177,22 +148,22 @@ def settled(plan: Plan, since: float, before: dict[str, Any], expect_failure: bo
     busy = [f"cohort {c} {s['state']}" for c, s in records.items() if s["state"] not in (RUNNING, DEAD)]
     if busy:
         return ", ".join(busy)
-    holder = lock_holder(plan["lock_path"])
+    holder = lock_holder(plan.lock_path)
     if holder is None:
         return "no cohort holds the failover lock"
     serving = holder.rsplit("-", 1)[-1]
     state = leader_views(plan).get(serving, {}).get("state")
     if state != "active":
         return f"cohort {serving} holds the lock but is {state}, not active"
-    models = http_get(f"{plan['infra']['frontend_url']}/v1/models", 1.0)
-    if models is None or models[0] != 200 or f'"{plan["model_id"]}"' not in models[1]:
+    models = http_get(f"{plan.infra.frontend_url}/v1/models", 1.0)
+    if models is None or models[0] != 200 or f'"{plan.model_id}"' not in models[1]:
         return "the frontend does not list the model yet"
     return None
 
 
 def wait_settled(plan: Plan, since: float, before: dict[str, Any], expect_failure: bool, min_s: float,
                  timeout_s: float) -> tuple[bool, float, str]:
-    events_path = f"{plan['state_dir']}/events.jsonl"
+    events_path = plan.events_path
     deadline = time.time() + timeout_s
     seen = "not checked"
     while time.time() < deadline:
@@ -206,19 +177,8 @@ def wait_settled(plan: Plan, since: float, before: dict[str, Any], expect_failur
 
 # --- GMS -----------------------------------------------------------------------------------------------------
 def gms_state(plan: Plan) -> dict[str, Any]:
-    """The GMS server's pid and, for the stand-in, whether each weights socket holds committed weights."""
-    state: dict[str, Any] = {**service_state(plan, "gms"), "resident": None}
-    if plan["backend"] != "standin":
-        return state
-    from ..standin import gms_client  # noqa: PLC0415 (stand-in only)
-    resident = []
-    for path in sorted(glob.glob(os.path.join(plan["socket_dir"], "gms_*_weights.sock"))):
-        try:
-            resident.append(bool(gms_client.status(path, timeout=0.5).get("committed")))
-        except (OSError, gms_client.GMSError):
-            resident.append(False)
-    state["resident"] = all(resident) if resident else False
-    return state
+    """The GMS server's pid and, where the backend can tell, whether it holds committed weights."""
+    return {**service_state(plan, "gms"), "resident": plan.engine.weights_resident(plan.socket_dir)}
 
 
 # --- fault injection ------------------------------------------------------------------------------------------
@@ -242,20 +202,19 @@ def interface_of(address: str) -> str:
     raise DrillError(f"no interface carries {address} on this node")
 
 
-def inject(plan: Plan, host: str, fault: str, cohort: int | None, at: float | None = None,
+def inject(plan: Plan, host: str, name: str, cohort: int | None, at: float | None = None,
            cut_s: float = 5.0) -> dict[str, Any]:
-    """Inject ``fault`` on this node (``host``), at the time ``at``. Returns what was done, and when."""
-    if fault not in FAULTS:
-        raise DrillError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
-    node = next(n for n in plan["nodes"] if n["host"] == host)
-    result: dict[str, Any] = {"fault": fault, "host": host, "cohort": cohort, "pids": []}
-    if fault in ("kill-leader", "kill-worker", "kill-standby", "hang-leader"):
-        unit = unit_name(plan["deployment"], "engine", cohort)
+    """Inject fault ``name`` on this node (``host``), at the time ``at``. Returns what was done, and when."""
+    fault(name)
+    node = plan.node(host)
+    result: dict[str, Any] = {"fault": name, "host": host, "cohort": cohort, "pids": []}
+    if name in ("kill-leader", "kill-worker", "kill-standby", "hang-leader"):
+        unit = plan.unit_name("engine", cohort)
         status = unit_status(unit)
         if status["active_state"] != "active" or not status["pid"]:
-            raise DrillError(f"{unit} does not run on {host}: nothing to {fault}")
+            raise DrillError(f"{unit} does not run on {host}: nothing to {name}")
         result["unit"] = unit
-        if fault == "hang-leader":
+        if name == "hang-leader":
             cgroup = unit_cgroup(unit)
             pids = cgroup_pids(cgroup) if cgroup else []
             result["late_s"] = sleep_until(at)
@@ -273,25 +232,27 @@ def inject(plan: Plan, host: str, fault: str, cohort: int | None, at: float | No
             os.kill(status["pid"], signal.SIGKILL)
             result["pids"] = [status["pid"]]
             result["action"] = f"SIGKILL pid {status['pid']} ({unit} main process)"
-    elif fault == "hang-worker":
-        path = fault_control_path(plan, cohort, node["rank"])
+    elif name == "hang-worker":
+        path = rank_fault_file(plan, cohort or 0, node.rank)
+        if path is None:
+            raise DrillError(f"the {plan.backend} backend has no per-rank fault control file: nothing to {name}")
         result["late_s"] = sleep_until(at)
         result["injected_at"] = time.time()
         with open(path, "w", encoding="utf-8") as handle:
             handle.write("hang-collective\n")
         result["control_file"] = path
         result["action"] = f"hang-collective through {path}"
-    elif fault in ("kill-gms", "kill-agent"):
-        unit = unit_name(plan["deployment"], "gms" if fault == "kill-gms" else "agent")
+    elif name in ("kill-gms", "kill-agent"):
+        unit = plan.unit_name("gms" if name == "kill-gms" else "agent")
         pid = unit_status(unit)["pid"]
         if not pid:
-            raise DrillError(f"{unit} does not run on {host}: nothing to {fault}")
+            raise DrillError(f"{unit} does not run on {host}: nothing to {name}")
         result["late_s"] = sleep_until(at)
         result["injected_at"] = time.time()
         os.kill(pid, signal.SIGKILL)
         result.update(unit=unit, pids=[pid], action=f"SIGKILL pid {pid} ({unit} main process)")
-    elif fault == "cut-node":
-        result.update(cut_node(plan, host, node["address"], at, cut_s))
+    elif name == "cut-node":
+        result.update(cut_node(plan, host, node.address, at, cut_s))
     return result
 
 
@@ -299,7 +260,7 @@ def cut_node(plan: Plan, host: str, address: str, at: float | None, cut_s: float
     """Take the node's network down for ``cut_s`` seconds from a transient unit, which records when it really
     went down and up; the module answers first (its reply travels on that network)."""
     interface = interface_of(address)
-    state_file = CUT_STATE.format(deployment=plan["deployment"])
+    state_file = CUT_STATE.format(deployment=plan.deployment)
     lead = 0.5  # time for this module's answer to leave before the link goes down
     start_at = max(at or 0.0, time.time()) + lead
     script = (f"import json,subprocess,time\n"
@@ -321,12 +282,12 @@ def cut_node(plan: Plan, host: str, address: str, at: float | None, cut_s: float
 def restore(plan: Plan, host: str, fault: str, cohort: int | None, pids: list[int] | None = None
             ) -> dict[str, Any]:
     """Undo what a drill left on this node: the control file, frozen leftovers, a link still down."""
-    node = next(n for n in plan["nodes"] if n["host"] == host)
+    node = plan.node(host)
     done: list[str] = []
     result: dict[str, Any] = {"changed": False, "done": done}
     if fault == "hang-worker" and cohort is not None:
-        path = fault_control_path(plan, cohort, node["rank"])
-        if os.path.exists(path):
+        path = rank_fault_file(plan, cohort, node.rank)
+        if path and os.path.exists(path):
             os.unlink(path)
             done.append(f"removed {path}")
     if fault == "hang-leader":
@@ -335,7 +296,7 @@ def restore(plan: Plan, host: str, fault: str, cohort: int | None, pids: list[in
                 os.kill(pid, signal.SIGCONT)
                 done.append(f"SIGCONT {pid} (still frozen: the agent did not tear it down)")
     if fault == "cut-node":
-        state_file = CUT_STATE.format(deployment=plan["deployment"])
+        state_file = CUT_STATE.format(deployment=plan.deployment)
         deadline = time.time() + 30
         while subprocess.run(["systemctl", "is-active", "--quiet", cut_unit_name(plan)]).returncode == 0:
             if time.time() > deadline:
@@ -343,7 +304,7 @@ def restore(plan: Plan, host: str, fault: str, cohort: int | None, pids: list[in
                 done.append("stopped the cut unit")
                 break
             time.sleep(0.1)
-        interface = interface_of(node["address"])
+        interface = interface_of(node.address)
         link = subprocess.run(["ip", "-o", "link", "show", interface], capture_output=True, text=True).stdout
         if "state DOWN" in link or ",UP" not in link.split(">")[0]:
             subprocess.run(["ip", "link", "set", interface, "up"], check=True)
@@ -370,8 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cut-s", type=float, default=5.0)
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
-    with open(args.plan, encoding="utf-8") as handle:
-        plan = json.load(handle)
+    plan = Plan.load(args.plan)
     try:
         if args.what == "inject":
             out: Any = inject(plan, args.host, args.fault, args.cohort, args.at, args.cut_s)

@@ -29,9 +29,11 @@ Definitions (docs/drills.md):
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, fields
 from typing import Any
 
-from .faults import FAULTS, serving_cohort
+from ..control.lock import parse_holder
+from .faults import FAULTS, Fault
 
 Evidence = dict[str, Any]
 
@@ -82,6 +84,262 @@ def fault_time(evidence: Evidence) -> float:
     return float(cut.get("down") or fault["injected_at"])
 
 
+Event = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Drill:
+    """The evidence of one drill, read once: the fault, its time t0, the events from t0 on and the requests, both
+    in time order."""
+    fault: dict[str, Any]
+    spec: Fault
+    t0: float
+    nodes: list[str]
+    before: dict[str, Any]
+    after: dict[str, Any]
+    events: list[Event]
+    requests: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, evidence: Evidence) -> Drill:
+        t0 = fault_time(evidence)
+        return cls(fault=evidence["fault"], spec=FAULTS[evidence["fault"]["name"]], t0=t0,
+                   nodes=list(evidence.get("nodes") or []),
+                   before=evidence.get("before") or {}, after=evidence.get("after") or {},
+                   events=sorted((e for e in evidence.get("events") or [] if e.get("time", 0) >= t0 - 1e-6),
+                                 key=lambda e: e["time"]),
+                   requests=sorted(evidence.get("requests") or [], key=lambda r: r["start"]))
+
+    def rel(self, t: float | None) -> float | None:
+        """Seconds from the fault."""
+        return _rel(t, self.t0)
+
+
+@dataclass(frozen=True)
+class Failures:
+    """The failures declared after the fault, the first per (cohort, generation); ``primary``: the one of the
+    faulted cohort (else the earliest)."""
+    declared: dict[tuple[int, int], Event]
+    primary: Event | None
+
+
+def failures(d: Drill) -> Failures:
+    declared: dict[tuple[int, int], Event] = {}
+    for e in d.events:
+        if e["event"] == "failure-declared" and e.get("cohort") is not None:
+            declared.setdefault(_key(e), e)
+    primary = None
+    if d.fault.get("cohort") is not None:
+        primary = next((e for k, e in declared.items() if k[0] == int(d.fault["cohort"])), None)
+    if primary is None and declared:
+        primary = min(declared.values(), key=lambda e: e["time"])
+    return Failures(declared, primary)
+
+
+@dataclass(frozen=True)
+class Detection:
+    detect_s: float | None
+    detect_reason: str | None
+    detected_by: str | None
+    failed_generations: list[dict[str, Any]]
+
+
+def detection(d: Drill, f: Failures) -> Detection:
+    primary = f.primary
+    return Detection(
+        detect_s=d.rel(primary["time"]) if primary else None,
+        detect_reason=primary["detail"].get("reason") if primary else None,
+        detected_by=primary["node"] if primary else None,
+        failed_generations=[{"cohort": c, "generation": g, "reason": e["detail"].get("reason"), "by": e["node"],
+                             "at_s": d.rel(e["time"])}
+                            for (c, g), e in sorted(f.declared.items(), key=lambda kv: kv[1]["time"])])
+
+
+@dataclass(frozen=True)
+class Teardown:
+    """The failed generation's ranks gone on every node."""
+    teardown_per_node: dict[str, float | None]
+    teardown_s: float | None
+    teardown_missing: list[str]
+    generation_gone_s: float | None
+
+
+def teardown(d: Drill, f: Failures) -> Teardown:
+    per_node: dict[str, float | None] = {}
+    generation_gone = None
+    if f.primary:
+        key = _key(f.primary)
+        for e in d.events:
+            if e.get("cohort") is None or _key(e) != key:
+                continue
+            if e["event"] == "ranks-gone":
+                per_node.setdefault(e["node"], d.rel(e["time"]))
+            elif e["event"] == "generation-gone" and generation_gone is None:
+                generation_gone = d.rel(e["time"])
+    missing = [n for n in d.nodes if n not in per_node]
+    return Teardown(teardown_per_node=per_node,
+                    teardown_s=max(per_node.values()) if per_node and not missing else None,  # type: ignore[type-var]
+                    teardown_missing=missing if f.primary else [], generation_gone_s=generation_gone)
+
+
+def promoted_event(d: Drill, f: Failures) -> Event | None:
+    """The driver's promotion of another cohort (or a new generation) after the fault."""
+    serving = parse_holder(d.before.get("holder") or "")
+    serving_generation = ((d.before.get("slots") or {}).get(str(serving)) or {}).get("generation")
+    for e in d.events:
+        if e["event"] != "promoted" or e.get("cohort") is None:
+            continue
+        if e["cohort"] == serving and e.get("generation") == serving_generation:
+            continue  # the serving cohort seen again (a restarted agent), not a promotion
+        if not (e.get("detail") or {}).get("previous") and e["cohort"] == serving:
+            continue
+        if (e["cohort"], e.get("generation") or 0) in f.declared:
+            continue  # a shadow that took the lock but was itself failing (cut-node: every cohort stalls)
+        return e
+    return None
+
+
+@dataclass(frozen=True)
+class Promotion:
+    promote_s: float | None
+    promoted_cohort: int | None
+    lock_s: float | None  # the driver saw the promoted cohort take the lock
+    active_s: float | None  # its leader entered active (its own metrics)
+
+
+def promotion(d: Drill, promoted: Event | None) -> Promotion:
+    if promoted is None:
+        return Promotion(None, None, None, None)
+    locked = next((e for e in d.events if e["event"] == "lock-acquired"
+                   and (e["cohort"], e.get("generation")) == (promoted["cohort"], promoted.get("generation"))
+                   and e["time"] <= promoted["time"]), None)
+    view = (d.after.get("leaders") or {}).get(str(promoted["cohort"])) or {}
+    active = view.get("state") == "active" and view.get("entered") and view["entered"] >= d.t0
+    return Promotion(promote_s=d.rel(promoted["time"]), promoted_cohort=promoted["cohort"],
+                     lock_s=d.rel(locked["time"]) if locked else None,
+                     active_s=d.rel(view["entered"]) if active else None)
+
+
+@dataclass(frozen=True)
+class Requests:
+    """The load: failures split by the promotion, and when serving came back."""
+    requests: dict[str, Any]
+    failed_before_fault: int
+    failed_before_promotion: int
+    failed_after_promotion: int
+    first_failed_s: float | None
+    last_failed_s: float | None
+    first_ok_s: float | None
+    serving_resumed: bool
+
+
+def request_figures(d: Drill, promoted: Event | None) -> Requests:
+    promo_at = promoted["time"] if promoted else None
+    requests = d.requests
+    failed = [r for r in requests if r["end"] >= d.t0 and not r["ok"]]  # in flight at the fault, or after
+    first_failed = min(failed, key=lambda r: r["start"]) if failed else None
+    after_from = first_failed["start"] if first_failed else d.t0
+    first_ok = min((r for r in requests if r["ok"] and r["start"] >= after_from), key=lambda r: r["end"],
+                   default=None)
+    return Requests(
+        requests={"sent": len(requests), "ok": sum(1 for r in requests if r["ok"]),
+                  "failed": sum(1 for r in requests if not r["ok"]),
+                  "errors": dict(Counter(_error_class(r) for r in failed))},
+        failed_before_fault=sum(1 for r in requests if r["end"] < d.t0 and not r["ok"]),
+        failed_before_promotion=sum(1 for r in failed if promo_at is None or r["start"] < promo_at),
+        failed_after_promotion=sum(1 for r in failed if promo_at is not None and r["start"] >= promo_at),
+        first_failed_s=d.rel(first_failed["start"]) if first_failed else None,
+        last_failed_s=d.rel(max(r["end"] for r in failed)) if failed else None,
+        first_ok_s=d.rel(first_ok["end"]) if first_ok else None,
+        serving_resumed=bool(requests and requests[-1]["ok"]))
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    """The failed cohorts' slots refilled (or given up)."""
+    relaunch_per_cohort: dict[str, float | None]
+    relaunch_s: float | None
+    slots_dead: list[dict[str, Any]]
+
+
+def relaunch(d: Drill, f: Failures) -> Relaunch:
+    per_cohort: dict[str, float | None] = {}
+    for (c, g), _e in f.declared.items():
+        done = next((e for e in d.events if e["event"] == "relaunch-complete" and e.get("cohort") == c
+                     and (e.get("generation") or 0) > g), None)
+        if done:
+            per_cohort[str(c)] = d.rel(done["time"])
+    dead = [{"cohort": e["cohort"], "generation": e["generation"], "at_s": d.rel(e["time"])}
+            for e in d.events if e["event"] == "slot-dead"]
+    return Relaunch(relaunch_per_cohort=per_cohort,
+                    relaunch_s=per_cohort.get(str(f.primary["cohort"])) if f.primary else None, slots_dead=dead)
+
+
+@dataclass(frozen=True)
+class Processes:
+    """Orphans of the failed generations; processes of the others that did not survive."""
+    orphans: list[dict[str, Any]]
+    ranks_restarted: list[dict[str, Any]] | None  # None: no survivors recorded
+
+
+def processes(d: Drill, f: Failures) -> Processes:
+    failed_now = {c for (c, _g) in f.declared}
+    survivors = d.after.get("survivors") or {}
+    snapshot = d.before.get("processes") or {}
+    alive = {(h, p["pid"], p["start"]) for h, procs in survivors.items() for p in procs}
+    restarted = [{"host": h, "cohort": int(c), "pid": p["pid"], "cmd": p.get("cmd", "")}
+                 for h, units in sorted(snapshot.items()) for c, unit in units.items()
+                 if int(c) not in failed_now
+                 for p in unit.get("processes", []) if (h, p["pid"], p["start"]) not in alive]
+    return Processes(orphans=[{"host": h, **p} for h, procs in sorted(survivors.items()) for p in procs
+                              if p["cohort"] in failed_now],
+                     ranks_restarted=restarted if survivors else None)
+
+
+@dataclass(frozen=True)
+class Services:
+    """The agents and GMS servers: which restarted (when), what the agents adopted, whether weights stayed."""
+    agents_restarted: dict[str, float | None]
+    agent_adopted: dict[str, Any]
+    gms_restarted: dict[str, float | None]
+    gms_resident: dict[str, bool | None]
+
+
+def services(d: Drill) -> Services:
+    agents_before, agents_after = d.before.get("agents") or {}, d.after.get("agents") or {}
+    gms_before, gms_after = d.before.get("gms") or {}, d.after.get("gms") or {}
+    return Services(
+        agents_restarted={h: d.rel(a.get("started_at")) for h, a in sorted(agents_after.items())
+                          if (agents_before.get(h) or {}).get("pid") != a.get("pid")},
+        agent_adopted={e["node"]: e["detail"].get("adopted") for e in d.events if e["event"] == "agent-started"},
+        gms_restarted={h: d.rel(g.get("started_at")) for h, g in sorted(gms_after.items())
+                       if (gms_before.get(h) or {}).get("pid") != g.get("pid")},
+        gms_resident={h: g.get("resident") for h, g in sorted(gms_after.items())})
+
+
+@dataclass(frozen=True)
+class EndState:
+    leaders_after: dict[str, str | None]
+    slots_after: dict[str, str]
+    settled: bool
+    settle_note: str
+    cut: dict[str, float | None] | None  # cut-node: when the link went down and up
+
+
+def end_state(d: Drill) -> EndState:
+    leaders = d.after.get("leaders") or {}
+    return EndState(
+        leaders_after={c: v.get("state") for c, v in sorted(leaders.items())},
+        slots_after={c: f"{s['state']} gen {s['generation']}" for c, s in sorted((d.after.get("slots") or {}).items())},
+        settled=bool(d.after.get("settled")), settle_note=d.after.get("settle_note", ""),
+        cut={k: d.rel(v) for k, v in (d.fault.get("cut") or {}).items()} or None)
+
+
+def _entries(section: Any) -> dict[str, Any]:
+    """A section's fields as report entries (in field order)."""
+    return {f.name: getattr(section, f.name) for f in fields(section)}
+
+
 def compute_report(evidence: Evidence) -> dict[str, Any]:
     """The drill report (JSON-able) from the evidence of one drill:
 
@@ -91,158 +349,19 @@ def compute_report(evidence: Evidence) -> dict[str, Any]:
     ``after.survivors`` {host: [{cohort, pid, start, cmd}]}, ``after.settled``, ``after.settle_note``;
     ``events`` (every node's events); ``requests`` [{seq, start, end, status, ok, error}].
     """
-    fault = evidence["fault"]
-    spec = FAULTS[fault["name"]]
-    t0 = fault_time(evidence)
-    nodes = list(evidence.get("nodes") or [])
-    before, after = evidence.get("before") or {}, evidence.get("after") or {}
-    events = sorted((e for e in evidence.get("events") or [] if e.get("time", 0) >= t0 - 1e-6),
-                    key=lambda e: e["time"])
-    requests = sorted(evidence.get("requests") or [], key=lambda r: r["start"])
-
+    d = Drill.of(evidence)
+    found = failures(d)
+    promoted = promoted_event(d, found)
     report: dict[str, Any] = {
-        "fault": fault["name"], "summary": spec.summary, "target": {k: fault.get(k) for k in
-                                                                    ("host", "cohort", "unit", "pids", "action")},
-        "injected_at": t0, "serving_before": before.get("holder"), "serving_after": after.get("holder"),
+        "fault": d.fault["name"], "summary": d.spec.summary,
+        "target": {k: d.fault.get(k) for k in ("host", "cohort", "unit", "pids", "action")},
+        "injected_at": d.t0, "serving_before": d.before.get("holder"), "serving_after": d.after.get("holder"),
     }
-
-    # Detection: the failures declared after the fault, first per (cohort, generation).
-    declared: dict[tuple[int, int], dict[str, Any]] = {}
-    for e in events:
-        if e["event"] == "failure-declared" and e.get("cohort") is not None:
-            declared.setdefault(_key(e), e)
-    primary = None
-    if fault.get("cohort") is not None:
-        primary = next((e for k, e in declared.items() if k[0] == int(fault["cohort"])), None)
-    if primary is None and declared:
-        primary = min(declared.values(), key=lambda e: e["time"])
-    report["detect_s"] = _rel(primary["time"], t0) if primary else None
-    report["detect_reason"] = primary["detail"].get("reason") if primary else None
-    report["detected_by"] = primary["node"] if primary else None
-    report["failed_generations"] = [{"cohort": c, "generation": g, "reason": e["detail"].get("reason"),
-                                     "by": e["node"], "at_s": _rel(e["time"], t0)}
-                                    for (c, g), e in sorted(declared.items(), key=lambda kv: kv[1]["time"])]
-
-    # Teardown of the failed generation on every node.
-    per_node: dict[str, float] = {}
-    not_gone: list[str] = []
-    generation_gone = None
-    if primary:
-        key = _key(primary)
-        for e in events:
-            if e.get("cohort") is None or _key(e) != key:
-                continue
-            if e["event"] == "ranks-gone":
-                per_node.setdefault(e["node"], _rel(e["time"], t0))
-            elif e["event"] == "ranks-not-gone":
-                not_gone.append(e["node"])
-            elif e["event"] == "generation-gone" and generation_gone is None:
-                generation_gone = _rel(e["time"], t0)
-    missing = [n for n in nodes if n not in per_node]
-    report["teardown_per_node"] = per_node
-    report["teardown_s"] = max(per_node.values()) if per_node and not missing else None
-    report["teardown_missing"] = missing if primary else []
-    report["generation_gone_s"] = generation_gone
-
-    # Promotion: another cohort (or a new generation) took the lock after the fault.
-    serving = serving_cohort(before.get("holder"))
-    serving_generation = ((before.get("slots") or {}).get(str(serving)) or {}).get("generation")
-    promoted = None
-    for e in events:
-        if e["event"] != "promoted" or e.get("cohort") is None:
-            continue
-        if e["cohort"] == serving and e.get("generation") == serving_generation:
-            continue  # the serving cohort seen again (a restarted agent), not a promotion
-        if not (e.get("detail") or {}).get("previous") and e["cohort"] == serving:
-            continue
-        if (e["cohort"], e.get("generation") or 0) in declared:
-            continue  # a shadow that took the lock but was itself failing (cut-node: every cohort stalls)
-        promoted = e
-        break
-    report["promote_s"] = _rel(promoted["time"], t0) if promoted else None
-    report["promoted_cohort"] = promoted["cohort"] if promoted else None
-    locked = next((e for e in events if promoted and e["event"] == "lock-acquired"
-                   and (e["cohort"], e.get("generation")) == (promoted["cohort"], promoted.get("generation"))
-                   and e["time"] <= promoted["time"]), None)
-    report["lock_s"] = _rel(locked["time"], t0) if locked else None
-    active_s = None
-    if promoted:
-        view = (after.get("leaders") or {}).get(str(promoted["cohort"])) or {}
-        if view.get("state") == "active" and view.get("entered") and view["entered"] >= t0:
-            active_s = _rel(view["entered"], t0)
-    report["active_s"] = active_s
-
-    # Requests.
-    promo_at = promoted["time"] if promoted else None
-    in_fault = [r for r in requests if r["end"] >= t0]
-    failed = [r for r in in_fault if not r["ok"]]
-    report["requests"] = {
-        "sent": len(requests), "ok": sum(1 for r in requests if r["ok"]),
-        "failed": sum(1 for r in requests if not r["ok"]),
-        "errors": dict(Counter(_error_class(r) for r in failed)),
-    }
-    report["failed_before_fault"] = sum(1 for r in requests if r["end"] < t0 and not r["ok"])
-    report["failed_before_promotion"] = sum(1 for r in failed if promo_at is None or r["start"] < promo_at)
-    report["failed_after_promotion"] = sum(1 for r in failed if promo_at is not None and r["start"] >= promo_at)
-    first_failed = min(failed, key=lambda r: r["start"]) if failed else None
-    after_from = first_failed["start"] if first_failed else t0
-    first_ok = min((r for r in requests if r["ok"] and r["start"] >= after_from), key=lambda r: r["end"],
-                   default=None)
-    report["first_failed_s"] = _rel(first_failed["start"], t0) if first_failed else None
-    report["last_failed_s"] = _rel(max(r["end"] for r in failed), t0) if failed else None
-    report["first_ok_s"] = _rel(first_ok["end"], t0) if first_ok else None
-    last = requests[-1] if requests else None
-    report["serving_resumed"] = bool(last and last["ok"])
-
-    # Relaunch: the failed cohorts' slots refilled.
-    relaunch: dict[str, float] = {}
-    dead: list[dict[str, Any]] = []
-    for (c, g), _e in declared.items():
-        done = next((e for e in events if e["event"] == "relaunch-complete" and e.get("cohort") == c
-                     and (e.get("generation") or 0) > g), None)
-        if done:
-            relaunch[str(c)] = _rel(done["time"], t0)
-    for e in events:
-        if e["event"] == "slot-dead":
-            dead.append({"cohort": e["cohort"], "generation": e["generation"], "at_s": _rel(e["time"], t0)})
-    report["relaunch_per_cohort"] = relaunch
-    report["relaunch_s"] = relaunch.get(str(primary["cohort"])) if primary else None
-    report["slots_dead"] = dead
-
-    # Processes: orphans of failed generations, restarts of the others.
-    failed_now = {c for (c, _g) in declared}
-    survivors = after.get("survivors") or {}
-    snapshot = before.get("processes") or {}
-    orphans = [{"host": h, **p} for h, procs in sorted(survivors.items()) for p in procs if p["cohort"] in failed_now]
-    alive = {(h, p["pid"], p["start"]) for h, procs in survivors.items() for p in procs}
-    restarted = [{"host": h, "cohort": int(c), "pid": p["pid"], "cmd": p.get("cmd", "")}
-                 for h, units in sorted(snapshot.items()) for c, unit in units.items()
-                 if int(c) not in failed_now
-                 for p in unit.get("processes", []) if (h, p["pid"], p["start"]) not in alive]
-    report["orphans"] = orphans
-    report["ranks_restarted"] = restarted if survivors else None
-
-    # Agents and GMS servers.
-    agents_before, agents_after = before.get("agents") or {}, after.get("agents") or {}
-    report["agents_restarted"] = {h: _rel(a.get("started_at"), t0) for h, a in sorted(agents_after.items())
-                                  if (agents_before.get(h) or {}).get("pid") != a.get("pid")}
-    started = [e for e in events if e["event"] == "agent-started"]
-    report["agent_adopted"] = {e["node"]: e["detail"].get("adopted") for e in started}
-    gms_before, gms_after = before.get("gms") or {}, after.get("gms") or {}
-    report["gms_restarted"] = {h: _rel(g.get("started_at"), t0) for h, g in sorted(gms_after.items())
-                               if (gms_before.get(h) or {}).get("pid") != g.get("pid")}
-    report["gms_resident"] = {h: g.get("resident") for h, g in sorted(gms_after.items())}
-
-    # The state at the end.
-    leaders = after.get("leaders") or {}
-    report["leaders_after"] = {c: v.get("state") for c, v in sorted(leaders.items())}
-    report["slots_after"] = {c: f"{s['state']} gen {s['generation']}" for c, s in sorted((after.get("slots") or {}).items())}
-    report["settled"] = bool(after.get("settled"))
-    report["settle_note"] = after.get("settle_note", "")
-    report["cut"] = {k: _rel(v, t0) for k, v in (fault.get("cut") or {}).items()} or None
-
-    report["timeline"] = timeline(evidence, report, events, t0)
-    report["problems"], report["notes"] = check(evidence, report, spec)
+    for section in (detection(d, found), teardown(d, found), promotion(d, promoted), request_figures(d, promoted),
+                    relaunch(d, found), processes(d, found), services(d), end_state(d)):
+        report.update(_entries(section))
+    report["timeline"] = timeline(evidence, report, d.events, d.t0)
+    report["problems"], report["notes"] = check(evidence, report, d.spec)
     report["passed"] = not report["problems"]
     return report
 
@@ -463,7 +582,7 @@ def _compress_launches(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: r["t"])
 
 
-def render_table(report: dict[str, Any], max_rows: int = 40) -> list[str]:
+def render_timeline_table(report: dict[str, Any], max_rows: int = 40) -> list[str]:
     """The timeline table and the figures: what ``drill.yml`` prints."""
     target = report["target"]
     where = target.get("host") or "?"

@@ -13,13 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from ..deployment.values import as_bool
 from .errors import SpecError
 
 FORMATS = ("safetensors", "pytorch")
+DEFAULT_FORMAT = "safetensors"
 VERIFY_MODES = ("fast", "full")
 SCHEMES = ("hf", "file", "rsync", "rsync+ssh")
 
-_REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+# gms_model.id: a repository id (owner/name, or name); the contract checks the inventory with it too
+MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9._:\[\]-]+$")
 _LABEL_RE = re.compile(r"[^A-Za-z0-9._-]")
 PINNED_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -77,7 +80,7 @@ def parse_source(uri: str | None, model_id: str) -> Source:
         )
     if scheme == "hf":
         repo = uri.split("://", 1)[1].strip("/")
-        if not _REPO_ID_RE.match(repo):
+        if not MODEL_ID_RE.match(repo):
             raise SpecError(
                 f"{field} {uri!r}: {repo!r} is not a Hugging Face repo id.",
                 field=field,
@@ -173,12 +176,9 @@ def status_path_for(local_dir: str) -> str:
 
 
 def _as_bool(value: Any, field: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("yes", "true", "1", "on", "no", "false", "0", "off"):
-        return value.strip().lower() in ("yes", "true", "1", "on")
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
+    parsed = as_bool(value)
+    if parsed is not None:
+        return parsed
     raise SpecError(f"{field} must be a boolean, got {value!r}.", field=field, fix="set it to true or false.")
 
 
@@ -205,7 +205,7 @@ def spec_from_inventory(
         raise SpecError(
             "gms_model.id is missing.", field="gms_model.id", fix="set it, e.g. meta-llama/Llama-3.3-70B-Instruct."
         )
-    if not _REPO_ID_RE.match(model_id):
+    if not MODEL_ID_RE.match(model_id):
         raise SpecError(
             f"gms_model.id {model_id!r} is not a repo id (owner/name, letters, digits, '.', '_', '-').",
             field="gms_model.id",
@@ -232,7 +232,7 @@ def spec_from_inventory(
             field="gms_model.local_dir",
             fix="use e.g. /var/lib/shadowline/models/<name>.",
         )
-    fmt = str(model.get("format") or "safetensors").strip().lower()
+    fmt = str(model.get("format") or DEFAULT_FORMAT).strip().lower()
     if fmt not in FORMATS:
         raise SpecError(
             f"gms_model.format {fmt!r} is not supported.",

@@ -38,9 +38,11 @@ import time
 from typing import Any
 
 from ..control import discovery
+from ..control.cohort_state import leader_view
 from ..control.etcd_client import Etcd, EtcdError
 from ..control.events import read_events
-from ..control.cohort_state import leader_view
+from ..deployment.plan import Plan
+from ..drill.faults import DrillError
 from .load import Load
 
 FAULTS = {
@@ -50,10 +52,6 @@ FAULTS = {
     "hang-worker": ("stop", "last"),
     "scancel-step": ("none", "first"),
 }
-
-
-class DrillError(Exception):
-    pass
 
 
 def job_dir_of(job_id: str) -> str:
@@ -79,27 +77,28 @@ def load_job(job_dir: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def serving_cohort(plan: dict[str, Any]) -> int:
-    for entry in plan["cohorts"]:
-        view = leader_view(plan, entry["cohort"], timeout=1.0)
+def active_cohort(plan: Plan) -> int:
+    """The cohort whose leader reports the active state (the job has no lock file to read from here)."""
+    for cohort in plan.cohort_ids:
+        view = leader_view(plan, cohort, timeout=1.0)
         if view and view.state == "active":
-            return entry["cohort"]
+            return cohort
     raise DrillError("no cohort is serving (no leader reports the active state)")
 
 
-def parked_cohorts(plan: dict[str, Any]) -> list[int]:
+def parked_cohorts(plan: Plan) -> list[int]:
     found = []
-    for entry in plan["cohorts"]:
-        view = leader_view(plan, entry["cohort"], timeout=1.0)
+    for cohort in plan.cohort_ids:
+        view = leader_view(plan, cohort, timeout=1.0)
         if view and view.state == "standby":
-            found.append(entry["cohort"])
+            found.append(cohort)
     return found
 
 
 class Watcher(threading.Thread):
     """Polls every cohort leader's failover state (20 ms): when a shadow turns active, when the slot parks again."""
 
-    def __init__(self, plan: dict[str, Any], failed: int, since: float) -> None:
+    def __init__(self, plan: Plan, failed: int, since: float) -> None:
         super().__init__(name="drill-watch", daemon=True)
         self.plan, self.failed, self.since = plan, failed, since
         self.promoted: tuple[int, float] | None = None  # (cohort, state entered at)
@@ -108,8 +107,7 @@ class Watcher(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set() and (self.promoted is None or self.parked is None):
-            for entry in self.plan["cohorts"]:
-                cohort = entry["cohort"]
+            for cohort in self.plan.cohort_ids:
                 view = leader_view(self.plan, cohort, timeout=0.2)
                 if view is None or view.state_entered is None or view.state_entered < self.since:
                     continue
@@ -150,8 +148,8 @@ def drill(job_dir: str, fault: str, rate: float = 20.0, timeout: float = 60.0, s
     if fault not in FAULTS:
         raise DrillError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
     job = load_job(job_dir)
-    plan = job["plan"]
-    failed = serving_cohort(plan)
+    plan = Plan.from_dict(job["plan"])
+    failed = active_cohort(plan)
     shadows = parked_cohorts(plan)
     if not shadows:
         raise DrillError("no shadow is parked: a failover now would have nothing to promote")
@@ -159,8 +157,8 @@ def drill(job_dir: str, fault: str, rate: float = 20.0, timeout: float = 60.0, s
                     if s["step_id"] and s["ended"] is None), None)
     if not step_id:
         raise DrillError(f"job.json has no running step of cohort {failed}")
-    python = job.get("python") or plan["infra"]["frontend"]["argv"][0]
-    load = Load(job["frontend_url"], plan["model_id"], rate=rate, timeout=10.0).start()
+    python = job.get("python") or plan.python  # the supervisor's interpreter, else the runtime's
+    load = Load(job["frontend_url"], plan.model_id, rate=rate, timeout=10.0).start()
     time.sleep(settle)
     at = time.time() + 1.5  # every node's fault task lists the step's processes before this
     watcher = Watcher(plan, failed, at)
@@ -175,7 +173,7 @@ def drill(job_dir: str, fault: str, rate: float = 20.0, timeout: float = 60.0, s
     requests = load.stop()
     events = supervisor_events(os.path.join(job_dir, "events.jsonl"), fault_at - 0.5,
                                max(deadline, time.monotonic() + 10.0))
-    return report(fault, job, failed, step_id, fault_at, reports, watcher, requests, events, shadows)
+    return report(fault, job, plan, failed, step_id, fault_at, reports, watcher, requests, events, shadows)
 
 
 def supervisor_events(path: str, since: float, deadline: float) -> list[dict[str, Any]]:
@@ -189,7 +187,7 @@ def supervisor_events(path: str, since: float, deadline: float) -> list[dict[str
         time.sleep(0.1)
 
 
-def report(fault: str, job: dict[str, Any], failed: int, step_id: str, fault_at: float, reports: list[dict[str, Any]],
+def report(fault: str, job: dict[str, Any], plan: Plan, failed: int, step_id: str, fault_at: float, reports: list[dict[str, Any]],
            watcher: Watcher, requests: list[Any], events: list[dict[str, Any]], shadows: list[int]) -> dict[str, Any]:
     def since(t: float | None) -> float | None:
         return round(t - fault_at, 3) if t is not None else None
@@ -214,8 +212,8 @@ def report(fault: str, job: dict[str, Any], failed: int, step_id: str, fault_at:
     relaunched = next((e["time"] for e in events if e["event"] == "relaunched" and e["cohort"] == failed), None)
     orphans: list[Any] = [{"node": r["node"], **left} for r in reports for left in r["left"]]
     try:
-        regs = [r for r in discovery.registrations(Etcd(job["plan"]["infra"]["etcd_endpoints"], timeout=2.0))
-                if r.model_name in (None, job["plan"]["model_id"])]
+        regs = [r for r in discovery.registrations(Etcd(plan.infra.etcd_endpoints, timeout=2.0))
+                if r.model_name in (None, plan.model_id)]
         if len(regs) > 1:
             orphans += [{"registration": r.instance_id, "address": r.request_address} for r in regs[1:]]
     except EtcdError as err:

@@ -25,7 +25,8 @@ import sys
 import time
 from typing import Any
 
-ENGINE_MODULES = ("shadowline.standin.engine", "dynamo.vllm")
+from ..backends import BACKENDS
+from ..control.proc import command_line, running
 
 
 def step_pids(step: str) -> list[int]:
@@ -40,27 +41,11 @@ def step_pids(step: str) -> list[int]:
     return pids
 
 
-def cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [part.decode("utf-8", "replace") for part in f.read().split(b"\0") if part]
-    except OSError:
-        return []
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def engine_rank(pids: list[int], rank: int) -> int | None:
     """The engine process of node rank ``rank`` among ``pids`` (not its watchdog, not its worker)."""
     for pid in pids:
-        argv = cmdline(pid)
-        if "shadowline.control.watchdog" in argv or not any(m in argv for m in ENGINE_MODULES):
+        argv = command_line(pid)
+        if "shadowline.control.watchdog" in argv or not any(b.runs(argv) for b in BACKENDS.values()):
             continue
         node_rank = argv[argv.index("--node-rank") + 1] if "--node-rank" in argv[:-1] else "0"
         if node_rank == str(rank):
@@ -76,7 +61,7 @@ def run(step: str, target_node: str, rank: int, fault: str, at: float, timeout: 
     victim = engine_rank(pids, rank) if node == target_node and fault != "none" else None
     if node == target_node and fault != "none" and victim is None:
         report["error"] = f"no engine rank {rank} among the step's processes {pids}"
-    victim_argv = " ".join(cmdline(victim)[:4]) if victim is not None else ""
+    victim_argv = " ".join(command_line(victim)[:4]) if victim is not None else ""
     time.sleep(max(0.0, at - time.time()))
     if victim is not None:
         if fault == "kill":
@@ -88,7 +73,7 @@ def run(step: str, target_node: str, rank: int, fault: str, at: float, timeout: 
     deadline = time.monotonic() + timeout
     watched = [p for p in pids if p != victim]
     while time.monotonic() < deadline:
-        left = [p for p in watched if alive(p)]
+        left = [p for p in watched if running(p)]
         now = time.time()
         if report["first_gone"] is None and len(left) < len(watched):
             report["first_gone"] = now
@@ -96,7 +81,7 @@ def run(step: str, target_node: str, rank: int, fault: str, at: float, timeout: 
             report["all_gone"] = now
             break
         time.sleep(0.005)
-    report["left"] = [{"pid": p, "argv": " ".join(cmdline(p)[:6])} for p in watched if alive(p)]
+    report["left"] = [{"pid": p, "argv": " ".join(command_line(p)[:6])} for p in watched if running(p)]
     return report
 
 

@@ -4,8 +4,8 @@ Nodes come from the allocation, not from ``gms_nodes``: the plan is built (by pl
 backend) for ``nnodes`` placeholder nodes ``slurm-node-<i>`` whose address is the token ``@SL_ADDR_<i>@``. In
 the script every token becomes ``${SL_ADDR_<i>}``; the supervisor sets ``SL_NODE_<i>``/``SL_ADDR_<i>`` from
 ``scontrol show hostnames "$SLURM_JOB_NODELIST"`` at run time (node 0, the first, is the master address and
-the infra node). Each rank's command is the plan's argv and environment, word for word; only its node-local
-directories move under ``gms_slurm.node_dir`` (the plan's state and config directories are root's on a
+the infra node). Each rank's command is the plan's argv and environment, word for word; the plan is built with
+node-local directories under ``gms_slurm.node_dir`` (the hosts' state and config directories are root's on a
 cluster; the socket directory too, unless ``gms_socket_dir`` is set).
 
 ``job_context`` returns what ``slurm/job.sbatch.j2`` needs, every shell word already quoted; it takes the
@@ -20,7 +20,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..deployment.contract import parse_contract
-from ..deployment.plan import GMS_MODULE, build_plan, shell_quote
+from ..deployment.plan import CohortPlan, Plan, build_plan, shell_quote
 from ..deployment.problems import Problem
 from ..deployment.values import as_int
 from .options import SlurmOptions, parse_slurm_options
@@ -105,18 +105,11 @@ def node_count(shared: dict[str, Any], inventory_hosts: int) -> int:
     return number if number and number > 0 else max(1, inventory_hosts)
 
 
-def relocate(plan: dict[str, Any], node_dir: str) -> dict[str, Any]:
-    """Move the plan's state and config directories (root's on a cluster) under the node-local job directory."""
-    moves = {plan["state_dir"]: f"{node_dir}/state", plan["config_dir"]: f"{node_dir}/config"}
-    text = json.dumps(plan)
-    for old, new in moves.items():
-        text = text.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1])
-    return json.loads(text)
-
-
-def build_job_plan(shared: dict[str, Any], inventory_hosts: int) -> tuple[dict[str, Any] | None, SlurmOptions | None,
+def build_job_plan(shared: dict[str, Any], inventory_hosts: int) -> tuple[Plan | None, SlurmOptions | None,
                                                                           list[Problem]]:
-    """(plan dict with placeholders, Slurm options, problems) from one host's gms_* values."""
+    """(plan with address placeholders and node-local directories, Slurm options, problems) from one host's
+    gms_* values. The state and config directories (root's on a cluster) are ``<node_dir>/state`` and
+    ``<node_dir>/config``."""
     problems: list[Problem] = []
     deployment = shared.get("gms_deployment") if isinstance(shared.get("gms_deployment"), str) else "deployment"
     engine = shared.get("gms_engine") if isinstance(shared.get("gms_engine"), dict) else {}
@@ -129,7 +122,8 @@ def build_job_plan(shared: dict[str, Any], inventory_hosts: int) -> tuple[dict[s
     problems += [p for p in contract_problems if p.field != "gms_slurm"]
     if contract is None or options is None or problems:
         return None, None, problems
-    return relocate(build_plan(contract).to_dict(), node_dir), options, problems
+    plan = build_plan(contract, state_dir=f"{node_dir}/state", config_dir=f"{node_dir}/config")
+    return plan, options, problems
 
 
 # -- the script's parts ------------------------------------------------------------------------------------- #
@@ -140,25 +134,24 @@ def job_context(shared: dict[str, Any], inventory_hosts: int = 1, source: str = 
     plan, options, problems = build_job_plan(shared, inventory_hosts)
     if plan is None or options is None:
         return None, problems
-    nnodes = len(plan["nodes"])
-    python = plan["infra"]["frontend"]["argv"][0]  # gms_python: the runtime that runs every process
-    supervisor_python = options.python or python
+    nnodes = len(plan.nodes)
+    supervisor_python = options.python or plan.python
     node_dir = options.node_dir
     ctx: dict[str, Any] = {
-        "deployment": plan["deployment"], "backend": plan["backend"], "model_id": plan["model_id"],
-        "revision": plan["revision"], "model_dir": plan["model_dir"], "nnodes": nnodes, "source": source,
-        "lock_path": plan["lock_path"], "socket_dir": plan["socket_dir"], "node_dir": node_dir,
-        "frontend": shown(plan["infra"]["frontend_url"]),
+        "deployment": plan.deployment, "backend": plan.backend, "model_id": plan.model_id,
+        "revision": plan.revision, "model_dir": plan.model_dir, "nnodes": nnodes, "source": source,
+        "lock_path": plan.lock_path, "socket_dir": plan.socket_dir, "node_dir": node_dir,
+        "frontend": shown(plan.infra.frontend_url),
         "sbatch": sbatch_options(options, nnodes),
         "settings": [("SL_PYTHON", sh(supervisor_python)), ("SL_NODE_DIR", sh(node_dir)),
                      ("SL_OUTPUT_DIR", sh(options.output_dir) if options.output_dir else '"$SLURM_SUBMIT_DIR"')],
         "modules": [sh(m) for m in options.modules],
-        "cohorts": [{"cohort": c["cohort"], "engine_id": c["engine_id"], "role": c["role"], **c["ports"]}
-                    for c in plan["cohorts"]],
+        "cohorts": [{"cohort": c.cohort, "engine_id": c.engine_id, "role": c.role, **asdict(c.ports)}
+                    for c in plan.cohorts],
     }
-    ctx["tasks"] = tasks(plan, options, python)
+    ctx["tasks"] = tasks(plan, options)
     ctx["steps"] = steps(plan, options)
-    ctx["spec_json"] = spec_text(plan, asdict(options))
+    ctx["spec_json"] = spec_text(plan.to_dict(), asdict(options))
     return ctx, []
 
 
@@ -208,66 +201,68 @@ def _container_prefix(options: SlurmOptions) -> list[str] | None:
     return words + [options.container_image]
 
 
-def _rank_task(plan: dict[str, Any], options: SlurmOptions, python: str, cohort: dict[str, Any]) -> dict[str, Any]:
-    failover = plan["failover"]  # gms_failover: the same timeouts as the node agent's
-    watchdog = [python, "-m", WATCHDOG_MODULE, "--health-timeout", f"{failover['health_timeout_s']:g}",
-                "--heartbeat-stall", f"{failover['heartbeat_stall_s']:g}",
-                "--term-grace", f"{failover['term_grace_s']:g}", "--stop-grace", f"{options.stop_grace_s:g}", "--"]
+def _rank_task(plan: Plan, options: SlurmOptions, cohort: CohortPlan) -> dict[str, Any]:
+    failover = plan.failover  # gms_failover: the same timeouts as the node agent's
+    watchdog = [plan.python, "-m", WATCHDOG_MODULE, "--health-timeout", f"{failover.health_timeout_s:g}",
+                "--heartbeat-stall", f"{failover.heartbeat_stall_s:g}",
+                "--term-grace", f"{failover.term_grace_s:g}", "--stop-grace", f"{options.stop_grace_s:g}", "--"]
     prefix = _container_prefix(options)
     branches = []
-    for rank in cohort["ranks"]:
-        process = rank["process"]
-        kind = "leader: Dynamo runtime, takes the failover lock" if rank["leader"] else "headless"
-        branches.append({"case": str(rank["node_rank"]), "comment": f"rank {rank['node_rank']} ({kind})",
-                         "pre": [], "lines": command_lines(watchdog + list(process["argv"]), process["env"], prefix)})
-    ports = cohort["ports"]
-    return {"name": f"cohort_{cohort['cohort']}", "by_node": True,
-            "comment": f"cohort {cohort['cohort']} ({cohort['role']}, ENGINE_ID={cohort['engine_id']}): "
-                       f"master port {ports['master']}, system port {ports['system']}, NIXL {ports['nixl']}; "
+    for rank in cohort.ranks:
+        process = rank.process
+        kind = "leader: Dynamo runtime, takes the failover lock" if rank.leader else "headless"
+        branches.append({"case": str(rank.node_rank), "comment": f"rank {rank.node_rank} ({kind})",
+                         "pre": [], "lines": command_lines(watchdog + list(process.argv), process.env, prefix)})
+    ports = cohort.ports
+    return {"name": f"cohort_{cohort.cohort}", "by_node": True,
+            "comment": f"cohort {cohort.cohort} ({cohort.role}, ENGINE_ID={cohort.engine_id}): "
+                       f"master port {ports.master}, system port {ports.system}, NIXL {ports.nixl}; "
                        "each rank under the watchdog",
             "branches": branches}
 
 
-def tasks(plan: dict[str, Any], options: SlurmOptions, python: str) -> list[dict[str, Any]]:
-    """The task functions: what one task of a step runs on its node."""
+def tasks(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
+    """The task functions: what one task of a step runs on its node (every process with the plan's runtime
+    interpreter, ``plan.python``)."""
     prefix = _container_prefix(options)
-    infra = plan["infra"]
+    infra = plan.infra
+    python = plan.python
     out: list[dict[str, Any]] = []
     if options.model_check:
-        argv = [python, "-m", NODE_TASKS_MODULE, "model-status", "--local-dir", plan["model_dir"],
-                "--model-id", plan["model_id"], "--revision", plan["revision"]]
+        argv = [python, "-m", NODE_TASKS_MODULE, "model-status", "--local-dir", plan.model_dir,
+                "--model-id", plan.model_id, "--revision", plan.revision]
         out.append({"name": "model_check", "by_node": False, "comment": "report this node's staged model "
                     "(status file + fast verify) for the readiness gate", "pre": [],
                     "lines": command_lines(argv, {}, prefix)})
     gms_branches = []
-    for index, process in enumerate(plan["gms_servers"]):
+    for index, process in enumerate(plan.gms_servers):
         gms_branches.append({"case": str(index), "comment": f"node {index}",
-                             "pre": [f"mkdir -p {sh(plan['socket_dir'])}"],
-                             "lines": command_lines(list(process["argv"]), process["env"], prefix)})
-    out.append({"name": "gms", "by_node": True, "comment": f"GPU Memory Service server ({GMS_MODULE[plan['backend']]})",
+                             "pre": [f"mkdir -p {sh(plan.socket_dir)}"],
+                             "lines": command_lines(list(process.argv), process.env, prefix)})
+    out.append({"name": "gms", "by_node": True, "comment": f"GPU Memory Service server ({plan.engine.gms_module})",
                 "branches": gms_branches})
-    pattern = f"{plan['socket_dir']}/gms_*_weights.sock"
+    pattern = f"{plan.socket_dir}/gms_*_weights.sock"
     argv = [python, "-m", NODE_TASKS_MODULE, "wait-files", "--pattern", pattern,
-            "--count", str(plan["gpus_per_node"]), "--timeout", str(options.ready_timeout_s)]
+            "--count", str(plan.gpus_per_node), "--timeout", str(options.ready_timeout_s)]
     out.append({"name": "gms_wait", "by_node": False, "comment": "wait until this node's GMS server listens",
                 "pre": [], "lines": command_lines(argv, {}, prefix)})
-    etcd, nats, frontend = infra["etcd"][0], infra["nats"][0], infra["frontend"]
+    etcd, nats, frontend = infra.etcd[0], infra.nats[0], infra.frontend
     out.append({"name": "etcd", "by_node": False,
-                "comment": f"etcd (discovery), on the first node: {infra['etcd_endpoints']}",
-                "pre": [], "lines": command_lines(list(etcd["argv"]), etcd["env"], prefix)})
+                "comment": f"etcd (discovery), on the first node: {infra.etcd_endpoints}",
+                "pre": [], "lines": command_lines(list(etcd.argv), etcd.env, prefix)})
     nats_pre = []
-    for path, text in nats["files"].items():
-        nats_pre.append(f"mkdir -p {sh(path.rsplit('/', 1)[0])} {sh(text_store_dir(text))}")
+    for path, text in nats.files.items():
+        nats_pre.append(f"mkdir -p {sh(path.rsplit('/', 1)[0])} {sh(plan.nats_store_dir)}")
         nats_pre += _continued(["printf '%s\\n'"] + [f"    {sh(line)}" for line in text.rstrip(chr(10)).split(chr(10))]
                                + [f"    > {sh(path)}"])
     out.append({"name": "nats", "by_node": False,
-                "comment": f"NATS with JetStream, on the first node: {infra['nats_server']}",
-                "pre": nats_pre, "lines": command_lines(list(nats["argv"]), nats["env"], prefix)})
+                "comment": f"NATS with JetStream, on the first node: {infra.nats_server}",
+                "pre": nats_pre, "lines": command_lines(list(nats.argv), nats.env, prefix)})
     out.append({"name": "frontend", "by_node": False,
-                "comment": "Dynamo frontend (OpenAI API), on the first node: " + infra["frontend_url"],
-                "pre": [f"mkdir -p {sh(frontend['env']['HOME'])}"],
-                "lines": command_lines(list(frontend["argv"]), frontend["env"], prefix)})
-    out += [_rank_task(plan, options, python, cohort) for cohort in plan["cohorts"]]
+                "comment": "Dynamo frontend (OpenAI API), on the first node: " + infra.frontend_url,
+                "pre": [f"mkdir -p {sh(frontend.env['HOME'])}"],
+                "lines": command_lines(list(frontend.argv), frontend.env, prefix)})
+    out += [_rank_task(plan, options, cohort) for cohort in plan.cohorts]
     for task in out:
         task["comment"] = shown(task["comment"])
         task["lines"] = task.get("lines", [])
@@ -277,18 +272,13 @@ def tasks(plan: dict[str, Any], options: SlurmOptions, python: str) -> list[dict
     return out
 
 
-def text_store_dir(conf: str) -> str:
-    match = re.search(r'store_dir: "([^"]+)"', conf)
-    return match.group(1) if match else "."
-
-
 def _continued(lines: list[str]) -> list[str]:
     return [line + (" \\" if i < len(lines) - 1 else "") for i, line in enumerate(lines)]
 
 
-def steps(plan: dict[str, Any], options: SlurmOptions) -> list[dict[str, Any]]:
+def steps(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
     """The step functions: one ``srun`` each, which the supervisor runs (and relaunches) as a job step."""
-    nnodes = len(plan["nodes"])
+    nnodes = len(plan.nodes)
     container = []
     if options.container_image and options.container_runtime == "pyxis":
         mounts = list(options.container_mounts) + [f"{options.node_dir}:{options.node_dir}"]
@@ -317,9 +307,9 @@ def steps(plan: dict[str, Any], options: SlurmOptions) -> list[dict[str, Any]]:
         srun("nats", first, [], "first node: NATS"),
         srun("frontend", first, [], "first node: the frontend"),
     ]
-    for cohort in plan["cohorts"]:
-        out.append(srun(f"cohort-{cohort['cohort']}", every, ["--kill-on-bad-exit=1"],
-                        f"cohort {cohort['cohort']}: one rank per node (rank = SLURM_NODEID); any rank that exits "
+    for cohort in plan.cohorts:
+        out.append(srun(f"cohort-{cohort.cohort}", every, ["--kill-on-bad-exit=1"],
+                        f"cohort {cohort.cohort}: one rank per node (rank = SLURM_NODEID); any rank that exits "
                         "non-zero (or hangs: the watchdog) ends the whole step"))
     out.append(srun("cleanup", every, [], "every node: remove the node directory (at the end of the job)",
                     command='rm -rf -- "$SL_NODE_DIR"', in_container=False))

@@ -11,7 +11,7 @@ typical GPU cluster alike; see docs/slurm.md for each option.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ..deployment.problems import Problem
@@ -65,6 +65,14 @@ class SlurmOptions:
     python: str | None  # None: gms_python
     ready_timeout_s: int
     stop_grace_s: int  # an orderly stop (scancel of the job, the time limit) waits this long per step
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SlurmOptions:
+        """The options back from the spec embedded in a rendered script (``asdict`` of them, as JSON)."""
+        values = {f.name: data.get(f.name, DEFAULTS.get(f.name)) for f in fields(cls)}
+        for name in ("container_mounts", "modules", "extra_sbatch"):
+            values[name] = tuple(values[name] or ())
+        return cls(**values)
 
 
 def parse_slurm_options(value: Any, deployment: str, backend: str | None, engine_gpus: int | None,

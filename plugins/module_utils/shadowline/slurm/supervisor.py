@@ -37,39 +37,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..control import discovery
+from ..control.cohort_state import leader_state
 from ..control.etcd_client import Etcd, EtcdError
 from ..control.events import EventLog
-from ..model.fsutil import atomic_write_json
-from ..model.readiness import readiness_gate
+from ..control.policy import RelaunchPolicy
 from ..control.waits import http_check, poll
 from ..control.watchdog import EVENT_PREFIX
+from ..deployment.plan import Plan
+from ..model.fsutil import atomic_write_json
+from ..model.readiness import readiness_gate
 from .allocation import AllocationError, Node, allocation, concrete, read_spec
-from ..control.cohort_state import leader_state
 from .load import complete
+from .options import SlurmOptions
 
 INFRA = ("gms", "etcd", "nats", "frontend")
 PARKED, ACTIVE = "standby", "active"
 LOOP_INTERVAL = 0.05
 PROMOTION_WAIT = 5.0  # seconds a serving cohort's relaunch waits for the promoted shadow to serve (CPU goes to it)
 OBSERVE_INTERVAL = 0.1
-
-
-@dataclass(frozen=True)
-class Relaunch:
-    """gms_failover's relaunch policy (the node agent's too)."""
-    delay_s: float  # first delay after a failure; doubles with each failure in a row
-    max_delay_s: float
-    max_failures: int  # failures in a row (ended before parking, and soon) before a slot is given up
-    stable_after_s: float  # a step that ran this long was healthy, whatever it reached
-
-    @classmethod
-    def of(cls, failover: dict[str, Any]) -> Relaunch:
-        return cls(float(failover["relaunch_backoff_s"]), float(failover["relaunch_backoff_max_s"]),
-                   int(failover["max_relaunch_attempts"]), float(failover["stable_after_s"]))
-
-    def delay(self, failures: int) -> float:
-        """Delay before relaunch number ``failures`` in a row (1 = the first failure after a healthy run)."""
-        return min(self.max_delay_s, self.delay_s * 2 ** max(0, failures - 1))
 
 
 class Fatal(Exception):
@@ -104,12 +89,12 @@ class Step:
 
 
 @dataclass
-class Slot:
+class StepSlot:
     """One relaunchable step (a cohort or an infra process) and its crash-loop bookkeeping."""
     name: str
     step: Step | None = None
     generation: int = 0
-    failures: int = 0  # consecutive ends without ever parking or serving
+    failures: int = 0  # ends in a row, counting the last healthy one (1): relaunch delay and give-up count
     due: float | None = None  # when to relaunch
     last_end: float | None = None
     given_up: bool = False
@@ -121,16 +106,17 @@ class Supervisor:
     def __init__(self, script: str) -> None:
         self.script = os.path.abspath(script)
         with open(self.script, encoding="utf-8") as f:
-            self.spec = read_spec(f.read())
-        self.options = self.spec["slurm"]
-        self.relaunch = Relaunch.of(self.spec["plan"]["failover"])
+            spec = read_spec(f.read())
+        self.options = SlurmOptions.from_dict(spec["slurm"])
+        self.spec_plan = Plan.from_dict(spec["plan"])  # node addresses are the tokens @SL_ADDR_<i>@
+        self.relaunch = RelaunchPolicy.of(self.spec_plan.failover)
         self.job_id = os.environ.get("SLURM_JOB_ID", "")
         if not self.job_id:
             raise SystemExit("shadowline.slurm.supervisor runs inside a Slurm job (sbatch the rendered script)")
         self.host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self.stop_reason: str | None = None
         self.queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        self.slots: dict[str, Slot] = {}
+        self.slots: dict[str, StepSlot] = {}
         self.states: dict[int, str | None] = {}
         self.owner: dict[int, int] = {}  # discovery lease -> cohort that registered it
         self.serving: int | None = None
@@ -138,7 +124,7 @@ class Supervisor:
         self.awaiting_serving = False  # a serving cohort ended; its relaunch waits until a shadow serves
         self.known_step_ids: set[str] = set()
         self.nodes: list[Node] = []
-        self.plan: dict[str, Any] = {}
+        self.plan: Plan | None = None  # the spec's plan with the allocation's addresses (once known)
         self.exit_code = 0
         self.job_lock = threading.Lock()
         self.started = time.time()
@@ -186,7 +172,7 @@ class Supervisor:
         self.events = EventLog(os.path.join(self.job_dir, "events.jsonl"), self.host, echo=True, mode=0o644)
         print(f"shadowline: job directory {self.job_dir}", flush=True)
         self.export_nodes()
-        expected = len(self.spec["plan"]["nodes"])
+        expected = len(self.spec_plan.nodes)
         self.events.write("job-started", job_id=self.job_id, nodes=[n.name for n in self.nodes],
                           addresses=[n.address for n in self.nodes], script=self.script, pid=os.getpid())
         if len(self.nodes) != expected:
@@ -198,8 +184,8 @@ class Supervisor:
             os.environ[f"SL_NODE_{i}"] = node.name
             os.environ[f"SL_ADDR_{i}"] = node.address
         os.environ["SL_JOB_DIR"] = self.job_dir
-        self.plan = concrete(self.spec["plan"], self.nodes)
-        self.etcd = Etcd(self.plan["infra"]["etcd_endpoints"], timeout=1.0)
+        self.plan = Plan.from_dict(concrete(self.spec_plan.to_dict(), self.nodes))
+        self.etcd = Etcd(self.plan.infra.etcd_endpoints, timeout=1.0)
         self.write_job()
 
     def prepare_nodes(self) -> None:
@@ -216,15 +202,22 @@ class Supervisor:
             self.nodes = [by_name[order[i]] for i in sorted(order)]  # rank = SLURM_NODEID of all-node steps
             self.export_nodes()
             self.events.write("node-order", nodes=[n.name for n in self.nodes])
-        target = os.path.join(self.options["node_dir"], "job.sh")
+        target = os.path.join(self.options.node_dir, "job.sh")
         proc = subprocess.run(["sbcast", "--force", self.script, target], capture_output=True, text=True,
                               timeout=120, check=False)
         if proc.returncode != 0:
             raise Fatal(f"sbcast of the script to {target} failed: {proc.stderr.strip()}")
-        self.events.write("nodes-prepared", node_dir=self.options["node_dir"], script_copy=target)
+        self.events.write("nodes-prepared", node_dir=self.options.node_dir, script_copy=target)
+
+    @property
+    def job_plan(self) -> Plan:
+        """The concrete plan; known from start_job on (before it, nothing reads it)."""
+        if self.plan is None:
+            raise Fatal("the plan is not known before the allocation is read")
+        return self.plan
 
     def check_model(self) -> None:
-        if not self.options["model_check"]:
+        if not self.options.model_check:
             return
         step = self.run_to_end("model_check", 300)
         statuses: dict[str, Any] = {}
@@ -239,31 +232,31 @@ class Supervisor:
                 notes.append(f"{report.get('node')}: {report['problem']}")
         for node in self.nodes:
             statuses.setdefault(node.name, None)
-        problems = readiness_gate(statuses, expected_revision=self.plan["revision"],
-                                  expected_model_id=self.plan["model_id"])
+        plan = self.job_plan
+        problems = readiness_gate(statuses, expected_revision=plan.revision, expected_model_id=plan.model_id)
         if problems:
             self.events.write("model-not-ready", problems=problems, notes=notes)
             raise Fatal("the model is not ready on every node: " + " ".join(problems + notes))
         digests = sorted({s["digest"] for s in statuses.values() if s})
-        self.events.write("model-ready", model=self.plan["model_id"], revision=self.plan["revision"], digest=digests[0])
+        self.events.write("model-ready", model=plan.model_id, revision=plan.revision, digest=digests[0])
 
     def start_infra(self) -> None:
-        timeout = self.options["ready_timeout_s"]
+        timeout = self.options.ready_timeout_s
         self.launch("gms")
         if self.run_to_end("gms_wait", timeout).popen.returncode != 0:
             raise Fatal("a GMS server did not come up (see steps/gms_wait.1.log and steps/gms.1.log)")
-        infra = self.plan["infra"]
+        infra = self.job_plan.infra
         self.launch("etcd")
-        self.wait_ready("etcd", http_check(infra["etcd_endpoints"].split(",")[0] + "/health"), 60)
+        self.wait_ready("etcd", http_check(infra.etcd_endpoints.split(",")[0] + "/health"), 60)
         self.launch("nats")
-        host, port = infra["nats_server"].split(",")[0].removeprefix("nats://").rsplit(":", 1)
+        host, port = infra.nats_server.split(",")[0].removeprefix("nats://").rsplit(":", 1)
         self.wait_ready("nats", lambda: None if _connects(host, int(port)) else f"NATS {host}:{port} refused", 60)
         self.launch("frontend")
-        self.wait_ready("frontend", http_check(infra["frontend_url"] + "/health"), timeout)
+        self.wait_ready("frontend", http_check(infra.frontend_url + "/health"), timeout)
 
     def start_cohorts(self) -> None:
-        timeout = self.options["ready_timeout_s"]
-        cohorts = [c["cohort"] for c in self.plan["cohorts"]]
+        timeout = self.options.ready_timeout_s
+        cohorts = self.job_plan.cohort_ids
         self.launch(f"cohort_{cohorts[0]}")
         self.wait_state(cohorts[0], ACTIVE, timeout)
         self.serving = cohorts[0]
@@ -276,7 +269,7 @@ class Supervisor:
         ready, waited, seen = poll(self.completion_check, 60, 0.1)
         if not ready:
             raise Fatal(f"no completion through the frontend within 60 s: {seen}")
-        self.events.write("deployment-ready", cohort=cohorts[0], frontend=self.plan["infra"]["frontend_url"],
+        self.events.write("deployment-ready", cohort=cohorts[0], frontend=self.job_plan.infra.frontend_url,
                           first_completion_s=round(time.monotonic() - started, 3),
                           since_job_start_s=round(time.time() - self.started, 3))
 
@@ -286,10 +279,10 @@ class Supervisor:
         """Background: each cohort leader's failover state and discovery's leases, as messages to the loop."""
         last: dict[int, str | None] = dict(self.states)
         next_leases = 0.0
+        plan = self.job_plan
         while self.stop_reason is None:
-            for entry in self.plan["cohorts"]:
-                cohort = entry["cohort"]
-                state = leader_state(self.plan, cohort, timeout=0.3)
+            for cohort in plan.cohort_ids:
+                state = leader_state(plan, cohort, timeout=0.3)
                 if state != last.get(cohort):
                     self.queue.put(("state", cohort, last.get(cohort), state, time.time()))
                     last[cohort] = state
@@ -347,7 +340,7 @@ class Supervisor:
             self.events.write("not-serving", cohort=cohort, generation=generation, last=seen)
 
     def completion_check(self) -> str | None:
-        status, text = complete(self.plan["infra"]["frontend_url"], self.plan["model_id"], timeout=5)
+        status, text = complete(self.job_plan.infra.frontend_url, self.job_plan.model_id, timeout=5)
         return None if status == 200 else f"HTTP {status}: {text[:120]}"
 
     def on_leases(self, registrations: list[discovery.Registration]) -> None:
@@ -355,11 +348,11 @@ class Supervisor:
         names its cohort's system port), else to the one cohort that is waking or serving right now. While that
         is ambiguous (in a failover, before the old primary is seen gone) the lease waits: revoking a lease of
         the wrong cohort would fence the new primary."""
+        plan = self.job_plan
         for reg in registrations:
-            if reg.lease in self.owner or (reg.model_name and reg.model_name != self.plan["model_id"]):
+            if reg.lease in self.owner or (reg.model_name and reg.model_name != plan.model_id):
                 continue
-            exact = [c["cohort"] for c in self.plan["cohorts"]
-                     if reg.system_address == f"{_leader(self.plan, c['cohort'])}:{c['ports']['system']}"]
+            exact = [c.cohort for c in plan.cohorts if reg.system_address == f"{c.leader.address}:{c.ports.system}"]
             live = [c for c, state in self.states.items() if state in ("waking", ACTIVE) and self.running(c)]
             owner = exact[0] if exact else (live[0] if len(live) == 1 else None)
             if owner is None:
@@ -379,7 +372,7 @@ class Supervisor:
         except EtcdError:
             return
         for reg in regs:
-            if reg.host == _leader(self.plan, cohort) and reg.lease not in self.owner:
+            if reg.host == self.job_plan.cohort(cohort).leader.address and reg.lease not in self.owner:
                 self.owner[reg.lease] = cohort
 
     def on_task_event(self, step: Step, record: dict[str, Any]) -> None:
@@ -415,9 +408,9 @@ class Supervisor:
                     slot.after_promotion = any(s in (PARKED, "waking", ACTIVE) for c, s in self.states.items()
                                                if c != cohort)
                     self.awaiting_serving = slot.after_promotion
-            healthy = step.reached or step.ended - step.started >= self.relaunch.stable_after_s
+            healthy = step.reached or not self.relaunch.quick(step.ended - step.started)
             slot.failures = 1 if healthy else slot.failures + 1
-            if slot.failures > self.relaunch.max_failures:
+            if self.relaunch.gives_up(slot.failures):
                 slot.given_up = True
                 self.events.write("gave-up", cohort=cohort, generation=step.generation, step=step.name,
                                   failures=slot.failures - 1)
@@ -435,7 +428,7 @@ class Supervisor:
         started = time.time()
         leases = {lease for lease, owner in self.owner.items() if owner == cohort}
         try:
-            leases |= {r.lease for r in discovery.cohort_registrations(self.etcd, self.plan, cohort)}
+            leases |= {r.lease for r in discovery.cohort_registrations(self.etcd, self.job_plan, cohort)}
             current = {r.lease for r in discovery.registrations(self.etcd)}
             revoked = discovery.revoke_leases(self.etcd, sorted(leases & current))
         except EtcdError as err:
@@ -463,7 +456,7 @@ class Supervisor:
     # -- steps ----------------------------------------------------------------------------------------- #
 
     def launch(self, name: str) -> Step:
-        slot = self.slots.setdefault(name, Slot(name))
+        slot = self.slots.setdefault(name, StepSlot(name))
         slot.generation += 1
         log_path = os.path.join(self.job_dir, "steps", f"{name}.{slot.generation}.log")
         popen = subprocess.Popen(["bash", self.script, "step", name], stdout=subprocess.PIPE,
@@ -545,7 +538,7 @@ class Supervisor:
 
     def wait_state(self, cohort: int, state: str, timeout: float) -> None:
         def check() -> str | None:
-            current = leader_state(self.plan, cohort, timeout=0.5)
+            current = leader_state(self.job_plan, cohort, timeout=0.5)
             if current == state or (state == PARKED and current == ACTIVE):
                 self.on_state(cohort, self.states.get(cohort), current, time.time())
                 return None
@@ -558,11 +551,11 @@ class Supervisor:
         reason = self.stop_reason or "done"
         self.stop_reason = reason
         self.events.write("shutdown", reason=reason)
-        cohorts = [f"cohort_{c['cohort']}" for c in self.plan.get("cohorts", [])]
+        cohorts = [f"cohort_{c}" for c in (self.plan.cohort_ids if self.plan else [])]
         serving = f"cohort_{self.serving}" if self.serving is not None else None
         order = [[n for n in cohorts if n != serving], [serving] if serving else [], ["frontend"], ["nats"],
                  ["etcd"], ["gms"]]
-        grace = float(self.options["stop_grace_s"]) + 2
+        grace = float(self.options.stop_grace_s) + 2
         for group in order:
             self.stop_steps([self.slots[n].step for n in group if n in self.slots and self.slots[n].step], grace)
         if self.slots:
@@ -610,15 +603,12 @@ class Supervisor:
             "job_id": self.job_id, "job_name": os.environ.get("SLURM_JOB_NAME"), "state": state,
             "batch_host": self.host, "script": self.script, "job_dir": self.job_dir,
             "nodes": [{"name": n.name, "address": n.address} for n in self.nodes],
-            "frontend_url": self.plan.get("infra", {}).get("frontend_url"), "model_id": self.plan.get("model_id"),
-            "serving": self.serving, "node_dir": self.options["node_dir"], "python": sys.executable,
+            "frontend_url": self.plan.infra.frontend_url if self.plan else None,
+            "model_id": self.plan.model_id if self.plan else None,
+            "serving": self.serving, "node_dir": self.options.node_dir, "python": sys.executable,
             "steps": {name: [s.record() for s in slot.history] for name, slot in self.slots.items()},
-            "plan": self.plan,
+            "plan": self.plan.to_dict() if self.plan else {},
         }, durable=False)
-
-
-def _leader(plan: dict[str, Any], cohort: int) -> str:
-    return next(r["address"] for r in plan["cohorts"][cohort]["ranks"] if r["leader"])
 
 
 def _connects(host: str, port: int) -> bool:

@@ -6,8 +6,8 @@ import os
 import tempfile
 
 from ..backends import standin as backends_standin
+from ..deployment.values import as_bool
 
-TRUE_VALUES = ("true", "1", "yes")
 GMS_TAGS = ("weights", "kv_cache")
 DEFAULT_LOCK_PATH = "/shared/failover.lock"  # upstream's default
 
@@ -16,7 +16,7 @@ def env_bool(name: str, default: bool = False) -> bool:
     raw = os.environ.get(name)
     if not raw:
         return default
-    return raw.strip().lower() in TRUE_VALUES
+    return as_bool(raw) is True  # the contract's boolean words (true/yes/on/1); anything else is false
 
 
 def env_float(name: str, default: float) -> float:
