@@ -12,6 +12,7 @@ class Backend:
     engine_module: str  # `python -m <engine_module>` runs one rank of a cohort
     gms_module: str  # `python -m <gms_module>` runs the node's GPU Memory Service server
     runtime_modules: tuple[str, ...]  # what the runtime's interpreter must import (preflight asks it)
+    uses_gpus: bool = True  # its ranks take GPUs (a Slurm job asks for them; the stand-in runs on CPUs)
 
     def node_env(self, deployment: str, host: str, gpus_per_node: int) -> dict[str, str]:
         """Environment the GMS server and every rank on a node get on top of the plan's own."""

@@ -52,4 +52,4 @@ class Standin(Backend):
 
 
 STANDIN = Standin(name="standin", engine_module="shadowline.standin.engine",
-                  gms_module="shadowline.standin.gms_server", runtime_modules=())
+                  gms_module="shadowline.standin.gms_server", runtime_modules=(), uses_gpus=False)

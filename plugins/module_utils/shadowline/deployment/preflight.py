@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..backends import backend
 from .contract import Contract, parse_contract
 from .node_facts import NETWORK_FILESYSTEMS
 from .plan import Plan, build_plan
@@ -47,8 +48,9 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
         problems += _python_problems(contract, node, host_facts)
     checks += ["ports already listening on each node", "lock path on a local filesystem, creatable",
                "GPU count and memory budget (where nvidia-smi or sizes are known)"]
-    if contract.engine.backend == "dynamo_vllm":
-        checks.append("runtime Python imports dynamo.vllm and gpu_memory_service")
+    runtime_modules = backend(contract.engine.backend).runtime_modules
+    if runtime_modules:
+        checks.append(f"runtime Python imports {' and '.join(runtime_modules)}")
     problems += _memory_problems(contract, facts)
     plan = build_plan(contract) if not problems else None
     return PreflightResult(contract, plan, problems, checks)
@@ -119,7 +121,8 @@ def _gpu_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list[
 
 def _python_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list[Problem]:
     python = facts.get("python")
-    if python is None or contract.engine.backend != "dynamo_vllm" or host not in {n.host for n in contract.nodes}:
+    runtime_modules = list(backend(contract.engine.backend).runtime_modules)
+    if python is None or not runtime_modules or host not in {n.host for n in contract.nodes}:
         return []
     if not python.get("exists"):
         return [Problem("gms_python", f"{contract.python} does not exist or is not executable.",
@@ -127,7 +130,7 @@ def _python_problems(contract: Contract, host: str, facts: dict[str, Any]) -> li
                         "gpu_memory_service) and point gms_python at its interpreter.", host=host)]
     missing = [name for name, ok in (python.get("modules") or {}).items() if not ok]
     if python.get("error"):
-        missing = ["dynamo.vllm", "gpu_memory_service"]
+        missing = runtime_modules
     if missing:
         return [Problem("gms_python", f"{contract.python} cannot import {', '.join(missing)}.",
                         "install ai-dynamo[vllm] and NVIDIA's gpu_memory_service into that environment.", host=host)]

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..backends import BACKENDS
 from ..deployment.problems import Problem
 from ..deployment.values import Reader, describe
 
@@ -95,7 +96,8 @@ def parse_slurm_options(value: Any, deployment: str, backend: str | None, engine
     exclusive = read.boolean("gms_slurm.exclusive", values["exclusive"])
     gpus = values["gpus_per_node"]
     if gpus is None:
-        gpus = engine_gpus if backend == "dynamo_vllm" else 0
+        strategy = BACKENDS.get(backend or "")
+        gpus = engine_gpus if strategy is not None and strategy.uses_gpus else 0
     else:
         gpus = read.integer("gms_slurm.gpus_per_node", gpus, minimum=0, maximum=64, example=8)
     cpus = None
