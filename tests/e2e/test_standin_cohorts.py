@@ -30,7 +30,6 @@ import pytest
 
 from shadowline.control.failover_metrics import engine_failover_view
 from shadowline.deployment.plan import Plan
-from shadowline.standin.settings import heartbeat_path
 
 from . import launch
 from .site_helpers import http  # straight to the testbed's addresses, never through a proxy
@@ -84,7 +83,8 @@ class Deployment:
 
     def heartbeat(self, cohort: int, node_rank: int) -> str | None:
         """Content (``<step> <time>``) of a rank's collective heartbeat file, read inside its host."""
-        path = heartbeat_path(str(self.plan.cohort(cohort).engine_id), node_rank, self.state_dir)
+        path = self.plan.engine.progress_file(self.plan.lock_dir, self.plan.cohort(cohort).engine_id, node_rank)
+        assert path is not None, "the stand-in has a progress file per rank"
         return launch.read_file(self.plan.cohort(cohort).ranks[node_rank].host, path)
 
     def journals(self, *cohorts: int) -> str:

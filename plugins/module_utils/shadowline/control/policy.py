@@ -40,3 +40,44 @@ class RelaunchPolicy:
     def gives_up(self, attempts: int) -> bool:
         """More quick failures in a row than allowed: the slot is dead."""
         return attempts > self.max_attempts
+
+
+LEADER_HUNG = "leader-hung"
+COLLECTIVE_STALLED = "collective-stalled"
+
+
+def silence(last_sign: float | None, started: float, now: float) -> float | None:
+    """Seconds since a rank last showed it is alive (``last_sign``: a 200 from its /health, a step of its
+    progress signal), or None when it has shown nothing since it started (``started``): still loading weights,
+    which takes as long as it takes, so it is not judged (a start that never ends is the launch timeout)."""
+    if last_sign is None or last_sign < started:
+        return None
+    return max(0.0, now - last_sign)
+
+
+@dataclass(frozen=True)
+class HangPolicy:
+    """The one judgement of whether a rank is hung, used by the node agent (it declares the generation failed),
+    the Slurm watchdog (it kills the step) and the status table (it shows the rank ``wedged``): none of them
+    can call a rank hung that another leaves alone."""
+    health_timeout_s: float  # a leader with no 200 from /health for this long is hung
+    progress_stall_s: float  # a rank whose progress signal (collective heartbeat) did not move for this long
+
+    @classmethod
+    def of(cls, failover: Failover) -> HangPolicy:
+        return cls(health_timeout_s=float(failover.health_timeout_s),
+                   progress_stall_s=float(failover.heartbeat_stall_s))
+
+    def judge(self, progress_silent_s: float | None, health_silent_s: float | None) -> str | None:
+        """``collective-stalled``, ``leader-hung`` or None (not hung, or not judged yet). The arguments are what
+        ``silence`` says of each signal (None: the rank has not shown that signal since its start, or it has
+        no such signal: a headless rank has no /health, a dynamo.vllm rank no progress file)."""
+        if progress_silent_s is not None and progress_silent_s > self.progress_stall_s:
+            return COLLECTIVE_STALLED
+        if health_silent_s is not None and health_silent_s >= self.health_timeout_s:
+            return LEADER_HUNG
+        return None
+
+    def health_deadline(self, last_healthy: float) -> float:
+        """When a leader last healthy at ``last_healthy`` counts as hung if nothing healthy comes meanwhile."""
+        return last_healthy + self.health_timeout_s

@@ -6,7 +6,8 @@ import glob
 import time
 from typing import Callable
 
-from .cohort_state import http_get, lock_holder
+from .cohort_state import lock_holder
+from .http import http_get
 
 
 def poll(check: Callable[[], str | None], timeout_s: float, interval_s: float = 0.1) -> tuple[bool, float, str]:

@@ -7,9 +7,11 @@ watches what a hang stops:
 - a leader rank (no ``--headless``) with ``DYN_SYSTEM_PORT`` set: its ``/health`` on
   ``DYN_SYSTEM_HOST:DYN_SYSTEM_PORT``. Armed once it first answered 200; a hang is no 200 for
   ``--health-timeout`` seconds (no answer at all, as from a frozen process, counts);
-- a stand-in rank (``shadowline.standin.engine``): its collective heartbeat file
-  (``standin.settings.heartbeat_path``), rewritten at every collective step. Armed once it first appeared; a
-  hang is the content not changing for ``--heartbeat-stall`` seconds.
+- a rank whose backend has a progress signal (the stand-in, ``shadowline.standin.engine``: its collective
+  heartbeat file, ``Backend.progress_file`` in the failover lock's directory), rewritten at every collective
+  step. Armed once it first appeared; a hang is the content not changing for ``--heartbeat-stall`` seconds.
+
+Whether a rank is hung is policy.HangPolicy's judgement, the one the node agent and the status table use.
 
 On a hang it kills the child's whole process group with SIGKILL, revokes the leader's discovery registration
 (found by the ports the group listened on; the frontend stops routing to it within milliseconds, see
@@ -37,13 +39,14 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+import tempfile
 from dataclasses import dataclass
 
+from ..backends import BACKENDS
 from . import discovery
 from .etcd_client import Etcd, EtcdError
-from ..standin import settings as standin_settings
+from .http import http_get
+from .policy import HangPolicy
 
 HANG_EXIT = 124
 EVENT_PREFIX = "SHADOWLINE_EVENT "
@@ -98,48 +101,55 @@ class Target:
     @classmethod
     def of(cls, argv: list[str]) -> Target:
         leader = "--headless" not in argv
-        standin = any(a.endswith("shadowline.standin.engine") for a in argv)
+        engine = next((b for b in BACKENDS.values() if b.runs(argv)), None)
+        standin = engine is not None and engine.name == "standin"
         node_rank = int(_flag(argv, "--node-rank") or 0)
         engine_id = os.environ.get("ENGINE_ID", "0")
         host = os.environ.get("DYN_SYSTEM_HOST", "").strip() or "127.0.0.1"
         port = os.environ.get("DYN_SYSTEM_PORT", "").strip()
         health = f"http://{host}:{port}/health" if leader and port.isdigit() else None
-        heartbeat = standin_settings.heartbeat_path(engine_id, node_rank) if standin else None
+        heartbeat = engine.progress_file(progress_dir(), engine_id, node_rank) if engine else None
         address = host if leader else _flag(argv, "--master-addr")
         return cls(leader, standin, node_rank, engine_id, health, heartbeat, address,
                    int(port) if port.isdigit() else None, _flag(argv, "--served-model-name"))
 
 
-class HealthProbe:
-    """No 200 from /health for ``timeout`` seconds, after a first 200."""
+def progress_dir() -> str:
+    """Where a rank's progress file lives: the failover lock's directory (as in the plan; the stand-in's own
+    SHADOWLINE_STANDIN_STATE_DIR overrides it, GMS_SOCKET_DIR when a rank has no lock path)."""
+    explicit = os.environ.get("SHADOWLINE_STANDIN_STATE_DIR")
+    if explicit:
+        return explicit
+    if os.environ.get("FAILOVER_LOCK_PATH"):
+        return os.path.dirname(os.path.abspath(os.environ["FAILOVER_LOCK_PATH"]))
+    return os.environ.get("GMS_SOCKET_DIR") or tempfile.gettempdir()
 
-    def __init__(self, url: str, timeout: float) -> None:
-        self.url, self.timeout = url, timeout
+
+class HealthProbe:
+    """No 200 from /health for the policy's health timeout, after a first 200."""
+
+    def __init__(self, url: str, policy: HangPolicy) -> None:
+        self.url, self.policy = url, policy
         self.last_ok: float | None = None
 
     def check(self, now: float) -> str | None:
-        if self._ok():
+        answer = http_get(self.url, min(0.5, self.policy.health_timeout_s / 2))
+        if answer is not None and answer[0] == 200:
             if self.last_ok is None:
-                log(f"{self.url} passed: watching it (hang = no 200 for {self.timeout:g} s)")
+                log(f"{self.url} passed: watching it (hang = no 200 for {self.policy.health_timeout_s:g} s)")
             self.last_ok = now
             return None
-        if self.last_ok is not None and now - self.last_ok > self.timeout:
-            return f"{self.url} gave no 200 for {now - self.last_ok:.1f} s"
+        silent = now - self.last_ok if self.last_ok is not None else None
+        if self.policy.judge(None, silent):
+            return f"{self.url} gave no 200 for {silent:.1f} s"
         return None
-
-    def _ok(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url, timeout=min(0.5, self.timeout / 2)) as response:  # noqa: S310
-                return response.status == 200
-        except (urllib.error.URLError, OSError, TimeoutError):
-            return False
 
 
 class HeartbeatProbe:
-    """The heartbeat file's content unchanged for ``stall`` seconds, after it first appeared."""
+    """The progress file's content unchanged for the policy's stall time, after it first appeared."""
 
-    def __init__(self, path: str, stall: float) -> None:
-        self.path, self.stall = path, stall
+    def __init__(self, path: str, policy: HangPolicy) -> None:
+        self.path, self.policy = path, policy
         self.content: str | None = None
         self.changed: float | None = None
 
@@ -151,11 +161,13 @@ class HeartbeatProbe:
             return None  # not there yet, or removed by a rank that is exiting
         if content != self.content:
             if self.content is None:
-                log(f"heartbeat {self.path} appeared: watching it (hang = no change for {self.stall:g} s)")
+                log(f"heartbeat {self.path} appeared: watching it "
+                    f"(hang = no change for {self.policy.progress_stall_s:g} s)")
             self.content, self.changed = content, now
             return None
-        if self.changed is not None and now - self.changed > self.stall:
-            return f"heartbeat {self.path} did not change for {now - self.changed:.1f} s (last: {content.strip()!r})"
+        silent = now - self.changed if self.changed is not None else None
+        if self.policy.judge(silent, None):
+            return f"heartbeat {self.path} did not change for {silent:.1f} s (last: {content.strip()!r})"
         return None
 
 
@@ -250,11 +262,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     target = Target.of(args.command)
+    policy = HangPolicy(health_timeout_s=args.health_timeout, progress_stall_s=args.heartbeat_stall)
     probes: list[HealthProbe | HeartbeatProbe] = []  # the cheap file check first
     if target.heartbeat_file:
-        probes.append(HeartbeatProbe(target.heartbeat_file, args.heartbeat_stall))
+        probes.append(HeartbeatProbe(target.heartbeat_file, policy))
     if target.health_url:
-        probes.append(HealthProbe(target.health_url, args.health_timeout))
+        probes.append(HealthProbe(target.health_url, policy))
 
     forwarded: list[int] = []
     early: list[int] = []  # signals that came before the child existed

@@ -5,7 +5,8 @@ slows down when the server fails hides the outage), each on its own thread up to
 that has not answered within ``timeout_s`` counts as failed. Every request is recorded with its start and end
 (the machine's clock, so they compare with the agents' events), its HTTP status and an error text.
 
-Run in the background by the ``drill_load`` action: ``python -m shadowline.drill.load --url ... --out FILE``
+Every request goes through the one frontend client (control/frontend.py), as the agent's probes and the Slurm
+drill's load do. Run in the background by the ``drill_load`` action: ``python -m shadowline.drill.load --url ... --out FILE``
 writes one JSON line per finished request and a last ``{"summary": ...}`` line; SIGTERM (or ``--stop-file``
 appearing) ends it early, after the requests in flight have answered or timed out.
 """
@@ -19,56 +20,11 @@ import signal
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
-from dataclasses import asdict, dataclass
 from typing import Callable
 
-PROMPT = "shadowline failover drill"
+from ..control.frontend import Request, completion_body, send
 
-
-@dataclass
-class Request:
-    seq: int
-    start: float
-    end: float
-    status: int  # HTTP status; 0 when no HTTP answer came (refused, reset, timeout)
-    ok: bool
-    error: str = ""
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-
-def completion_body(model: str, max_tokens: int = 4) -> bytes:
-    return json.dumps({"model": model, "messages": [{"role": "user", "content": PROMPT}],
-                       "max_tokens": max_tokens, "stream": False}).encode()
-
-
-def send(url: str, body: bytes, timeout_s: float, seq: int) -> Request:
-    """One chat completion; ok means HTTP 200 with a JSON body that has ``choices``."""
-    start = time.time()
-    request = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (the plan's URL)
-            payload = response.read()
-            status = response.status
-        try:
-            ok = status == 200 and "choices" in json.loads(payload)
-            error = "" if ok else f"unexpected body: {payload[:120]!r}"
-        except ValueError:
-            ok, error = False, f"not JSON: {payload[:120]!r}"
-    except urllib.error.HTTPError as err:
-        status, ok = err.code, False
-        error = err.read()[:160].decode("utf-8", "replace").strip()
-    except TimeoutError:
-        status, ok, error = 0, False, f"no answer within {timeout_s} s"
-    except (OSError, ValueError) as err:
-        status, ok = 0, False
-        reason = getattr(err, "reason", err)
-        error = "timeout" if "timed out" in str(reason) else str(reason)[:160]
-    return Request(seq=seq, start=start, end=time.time(), status=status, ok=ok, error=error)
+__all__ = ["Request", "completion_body", "read_results", "run_load", "send", "summarize"]
 
 
 def run_load(url: str, model: str, rate: float = 20.0, duration_s: float = 30.0, max_requests: int = 600,

@@ -17,7 +17,8 @@ import sys
 import time
 from typing import Any
 
-from ..control.cohort_state import http_get, leader_view, lock_holder, unit_status
+from ..control.cohort_state import leader_view, lock_holder, unit_status
+from ..control.http import http_get
 from ..control.coordination import DEAD, RUNNING, Coordination
 from ..control.etcd_client import Etcd, EtcdError
 from ..control.events import read_events

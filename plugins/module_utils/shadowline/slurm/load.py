@@ -1,17 +1,17 @@
 """A steady stream of completions through the frontend, recording when each was sent, ended and how.
 
 Used by the failover drill (and tests) to count client-visible failures around a failover. Each request runs
-in its own thread so that a request hanging on a frozen engine does not hold back the ones after it.
+in its own thread so that a request hanging on a frozen engine does not hold back the ones after it. Requests
+go through the one frontend client (control/frontend.py), the agent's and playbooks/drill.yml's too.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
+
+from ..control.frontend import completion_body, exchange
 
 
 @dataclass
@@ -28,16 +28,8 @@ class Request:
 
 def complete(url: str, model: str, timeout: float = 5.0) -> tuple[int, str]:
     """One chat completion; (HTTP status or 0, body or error text)."""
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}).encode()
-    request = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (the plan's frontend)
-            return response.status, response.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode("utf-8", "replace")
-    except (OSError, TimeoutError) as err:
-        return 0, str(err)
+    request, text = exchange(url, completion_body(model), timeout)
+    return request.status, text
 
 
 class Load:

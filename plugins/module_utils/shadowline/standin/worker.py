@@ -31,6 +31,7 @@ import urllib.error
 import urllib.request
 
 from . import unix_messages
+from ..control.http import fetch
 
 log = logging.getLogger("shadowline.standin.worker")
 
@@ -70,11 +71,12 @@ def port_free(host: str, port: int) -> bool:
 
 
 def http_get(url: str, timeout: float) -> tuple[int, dict[str, str], bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers or {}), e.read()
+    """(status, headers, body) through the library's one HTTP GET (control/http.py); OSError when nothing
+    answered (the stand-in's callers treat that as a worker that is not up)."""
+    answer = fetch(url, timeout)
+    if answer is None:
+        raise OSError(f"{url} did not answer within {timeout} s")
+    return answer.status, answer.headers, answer.body
 
 
 def etcd_has_key_suffix(endpoints: str, prefix: str, suffix: str, timeout: float = 1.0) -> bool | None:

@@ -1,0 +1,211 @@
+"""What the agent's decisions ask for: small records, performed by executor.py. A decision never does I/O; it
+returns a list of these, and the executor runs them in order (systemctl, cgroup kills, etcd transactions,
+events, metrics, and the agent's memory)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from .coordination import Slot
+from .memory import LocalRank, Promotion
+
+
+# --- records and wake-ups -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Record:
+    """One line of the event log."""
+    event: str
+    cohort: int | None = None
+    generation: int | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WakeAt:
+    """Look again at this monotonic time (a health deadline, a delayed launch), not a period later."""
+    mono: float
+    full: bool = False  # also re-read the deployment (a delayed launch), not only check health
+
+
+# --- a node's ranks --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Declare:
+    """Compare-and-swap the slot from running/launching to failed (once, whoever is first)."""
+    cohort: int
+    generation: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class TearDown:
+    """Kill this node's rank (its unit's cgroup): SIGKILL now, or SIGTERM and SIGKILL after ``grace``."""
+    rank: LocalRank
+    since: float  # unix time of the declaration (the base of the teardown time)
+    grace: float
+
+
+@dataclass(frozen=True)
+class FinishTeardown:
+    """The grace of a SIGTERM teardown ended (or the rank left): SIGKILL what is left, confirm."""
+    cohort: int
+
+
+@dataclass(frozen=True)
+class Confirm:
+    """Record in etcd that this node has nothing (any more) of the generation."""
+    cohort: int
+    generation: int
+    when: float
+
+
+@dataclass(frozen=True)
+class Launch:
+    cohort: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class Launched:
+    """systemd runs the rank this agent started: track it."""
+    rank: LocalRank
+
+
+@dataclass(frozen=True)
+class LaunchFailed:
+    cohort: int
+    generation: int
+    failure: str
+
+
+@dataclass(frozen=True)
+class AbandonStart:
+    """Stop a start of a generation that failed or was superseded meanwhile."""
+    cohort: int
+    generation: int
+    slot_generation: int
+    slot_state: str
+
+
+@dataclass(frozen=True)
+class NoteDetected:
+    """Remember when a generation's failure was declared (unless known already)."""
+    cohort: int
+    generation: int
+    when: float
+
+
+@dataclass(frozen=True)
+class MarkHealthy:
+    cohort: int
+    at: float  # monotonic
+
+
+@dataclass(frozen=True)
+class ReportGmsLost:
+    when: float
+
+
+# --- the driver -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SwapSlot:
+    """Compare-and-swap a slot record (relaunch, dead, running, attempts reset), then record ``then``."""
+    slot: Slot
+    revision: int
+    kind: str  # "relaunch", "dead", "running", "stable"
+    then: tuple[Record, ...] = ()
+    detected: float | None = None  # relaunch: when the failed generation was declared
+    launch_at: float | None = None  # relaunch: when the new generation may start (unix)
+
+
+@dataclass(frozen=True)
+class RevokeRegistration:
+    cohort: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class ObserveTeardown:
+    """The whole generation is gone on every node: the teardown duration metric."""
+    seconds: float
+
+
+@dataclass(frozen=True)
+class NoteLaunched:
+    cohort: int
+    generation: int
+    when: float
+
+
+@dataclass(frozen=True)
+class SetHolder:
+    holder: str | None
+
+
+@dataclass(frozen=True)
+class BeginPromotion:
+    promotion: Promotion
+
+
+@dataclass(frozen=True)
+class PromotionActive:
+    at: float
+
+
+@dataclass(frozen=True)
+class PromotionRegistered:
+    leases: tuple[int, ...]
+    at: float
+
+
+@dataclass(frozen=True)
+class ProbePromotion:
+    """Send a completion through the frontend in a thread; its answer comes back through the probe queue."""
+
+
+@dataclass(frozen=True)
+class EndPromotion:
+    """Forget the promotion being verified (abandoned, unverified or promoted)."""
+    promoted: bool = False
+    count: str = ""  # a counter of the agent's metrics to add one to
+
+
+@dataclass(frozen=True)
+class RecordActive:
+    cohort: int
+    generation: int
+    promote_s: float | None
+
+
+@dataclass(frozen=True)
+class AgentsSeen:
+    """Nodes whose agent holds its lease now (from then on, their loss is noticed)."""
+    nodes: frozenset[str]
+
+
+@dataclass(frozen=True)
+class AgentLost:
+    node: str
+    at: float  # monotonic
+
+
+@dataclass(frozen=True)
+class AgentBack:
+    node: str
+
+
+@dataclass(frozen=True)
+class ProbeServing:
+    """A completion through the frontend while an agent is lost (in a thread; the answer comes back queued)."""
+    next_at: float  # monotonic: the next one not before
+
+
+@dataclass(frozen=True)
+class ClearGmsLost:
+    keys: tuple[str, ...]
+
+
+Action = Union[Record, WakeAt, Declare, TearDown, FinishTeardown, Confirm, Launch, Launched, LaunchFailed,
+               AbandonStart, NoteDetected, MarkHealthy, ReportGmsLost, SwapSlot, RevokeRegistration,
+               ObserveTeardown, NoteLaunched, SetHolder, BeginPromotion, PromotionActive, PromotionRegistered,
+               ProbePromotion, EndPromotion, RecordActive, AgentsSeen, AgentLost, AgentBack, ProbeServing, ClearGmsLost]

@@ -1,0 +1,335 @@
+"""What the driver (the agent on node rank 0, where every cohort's leader and the failover lock live) decides,
+as pure functions of (the deployment view, its observations, its memory, the clock) returning actions; and
+DriverDuties, which observes, calls them and hands their actions to the executor.
+
+Duties: notice a new lock holder and verify its promotion (active, registered, a completion through the
+frontend), then record it active; take a failed cohort out of discovery; relaunch a failed slot once every node
+confirmed its ranks gone (RelaunchPolicy: backoff, crash loop -> dead); mark a parked relaunch running; watch
+the other agents (lost/back, the serving probe, node-lost); have the writer republish after a GMS server died.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ..deployment.contract import Failover
+from ..deployment.plan import Plan
+from . import observe
+from .actions import (Action, AgentBack, AgentLost, AgentsSeen, BeginPromotion, ClearGmsLost, Declare, EndPromotion, NoteLaunched,
+                      ObserveTeardown, ProbePromotion, ProbeServing, PromotionActive, PromotionRegistered, Record,
+                      RecordActive, RevokeRegistration, SetHolder, SwapSlot)
+from .cohort_state import leader_view, lock_holder
+from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
+from .discovery import listening_ports
+from .etcd_client import EtcdError
+from .lock import parse_holder
+from .memory import DriverMemory, NodeMemory, Promotion
+from .observe import HealthAnswer
+from .policy import RelaunchPolicy
+from .proc import cgroup_pids
+from .view import DeploymentView, Now
+
+LAUNCH_TIMEOUT_S = 300.0  # a launched generation whose leader never gets healthy is declared failed
+PROMOTION_TIMEOUT_S = 60.0  # lock taken -> active, registered and serving through the frontend
+REVOKE_DEFER_MAX_S = 10.0  # longest the serving cohort's registration is kept while its successor wakes
+SERVING_PROBE_S = 0.5  # while a node's agent is lost: how often the driver sends a completion through the frontend
+SERVING_SILENT_EXTRA_S = 2.0  # the probe's request timeout, on top of health_timeout_s
+
+
+@dataclass(frozen=True)
+class PromotionSeen:
+    """What the driver saw of the promoted cohort this tick (only what it still had to find out)."""
+    state: str | None = None  # the leader's failover state metric
+    state_at: float = 0.0  # unix time
+    leases: tuple[int, ...] = ()  # its registration in discovery
+    leases_at: float = 0.0  # unix time
+
+
+def rounded(value: float | None, digits: int = 4) -> float | None:
+    return round(value, digits) if value is not None else None
+
+
+def failure_of(holder: str | None, detected_at: dict[tuple[int, int], float]) -> float | None:
+    """When the latest failure of lock holder ``holder``'s cohort was declared (None: none known)."""
+    cohort = parse_holder(holder or "")
+    failed = [t for (c, _g), t in detected_at.items() if cohort is not None and c == cohort]
+    return max(failed) if failed else None
+
+
+# --- the lock and the promotion --------------------------------------------------------------------------------
+def lock_changed(holder: str | None, plan: Plan, view: DeploymentView | None, driver: DriverMemory,
+                 node: NodeMemory, now: Now) -> list[Action]:
+    """A new lock holder (read every tick): start verifying its promotion, unless its generation is failing."""
+    if holder == driver.holder:
+        return []
+    previous = driver.holder if driver.holder is not None else driver.last_holder
+    actions: list[Action] = [SetHolder(holder)]
+    if holder is None:
+        return actions + [Record("lock-free", fields={"previous": previous})]
+    cohort = parse_holder(holder)
+    if cohort is None or not plan.has_cohort(cohort):
+        return actions + [Record("lock-unknown-holder", fields={"holder": holder})]
+    rank = node.ranks.get(cohort)
+    slot = view.slot(cohort) if view else None
+    if rank is None or slot is None or slot.state in (FAILED, DEAD) or rank.generation != slot.generation:
+        # e.g. a shadow whose own generation is being torn down grabbed the lock on its way out
+        return actions + [Record("lock-taken-by-failing", cohort, rank.generation if rank else None,
+                                 {"holder": holder,
+                                  "slot": f"{slot.state} generation {slot.generation}" if slot else None})]
+    detected = failure_of(previous, node.detected_at)
+    lock_s = now.wall - detected if detected is not None else None
+    promotion = Promotion(cohort=cohort, generation=rank.generation, previous=previous, lock_at=now.wall,
+                          deadline=now.mono + PROMOTION_TIMEOUT_S)
+    return actions + [BeginPromotion(promotion),
+                      Record("lock-acquired", cohort, rank.generation, {"previous": previous, "lock_s": rounded(lock_s)})]
+
+
+def verify_promotion(view: DeploymentView, driver: DriverMemory, node: NodeMemory, seen: PromotionSeen,
+                     now: Now) -> list[Action]:
+    """The new holder is promoted when its failover state is active, its registration is in discovery and a
+    completion goes through the frontend; then it is recorded active (and its predecessor's registration can go)."""
+    p = driver.promotion
+    if p is None:
+        return []
+    slot = view.slot(p.cohort)
+    if driver.holder != f"engine-{p.cohort}" or slot is None or slot.state in (FAILED, DEAD) \
+            or slot.generation != p.generation:
+        return [Record("promotion-abandoned", p.cohort, p.generation,
+                       {"holder": driver.holder, "slot": slot.state if slot else None}),
+                EndPromotion()]
+    actions: list[Action] = []
+    active_at = p.active_at
+    if active_at is None and seen.state == "active":
+        active_at = seen.state_at
+        actions.append(PromotionActive(seen.state_at))
+    leases = p.leases
+    if active_at is not None and not leases and seen.leases:
+        leases = list(seen.leases)
+        actions += [PromotionRegistered(seen.leases, seen.leases_at),
+                    Record("registered", p.cohort, p.generation, {"leases": [f"{x:x}" for x in seen.leases]})]
+    if leases and not p.probing:
+        if p.completion is not None and p.completion.ok:
+            return actions + promoted(p, active_at, node)
+        actions.append(ProbePromotion())
+    if now.mono > p.deadline:
+        missing = "its active state" if active_at is None else "its registration" if not leases \
+            else f"a completion through the frontend ({p.completion.error if p.completion else 'no answer'})"
+        actions += [EndPromotion(count="promotions_unverified_total"),
+                    Record("promotion-unverified", p.cohort, p.generation,
+                           {"missing": missing, "waited_s": round(now.wall - p.lock_at, 3)})]
+    return actions
+
+
+def promoted(p: Promotion, active_at: float | None, node: NodeMemory) -> list[Action]:
+    detected = failure_of(p.previous, node.detected_at)
+    end = p.completion.end if p.completion else None
+    promote_s = end - detected if end is not None and detected is not None else None
+    return [EndPromotion(promoted=True, count="promotions_total"),
+            RecordActive(p.cohort, p.generation, promote_s),
+            Record("promoted", p.cohort, p.generation, {
+                "previous": p.previous, "state": "active", "promote_s": rounded(promote_s),
+                "lock_s": rounded(p.lock_at - detected) if detected is not None else None,
+                "active_s": rounded(active_at - p.lock_at) if active_at else None,
+                "registered_s": rounded(p.registered_at - p.lock_at) if p.registered_at else None,
+                "completion_s": rounded(end - p.lock_at) if end is not None else None})]
+
+
+# --- failed slots: out of discovery, relaunch ------------------------------------------------------------------
+def revoke_due(slot: Slot, view: DeploymentView, driver: DriverMemory, node: NodeMemory, now: Now) -> list[Action]:
+    """Take a failed cohort out of discovery, so the frontend stops routing to it: at once, unless it was the
+    serving cohort and a shadow is taking over. Then the dead registration stays until the successor has
+    registered (at most REVOKE_DEFER_MAX_S): the frontend keeps the model and retries a request that meets the
+    dead worker on the new one (request migration); revoked earlier, the frontend would drop the model and
+    answer 404 until it has loaded the successor's model card again."""
+    if (slot.cohort, slot.generation) in driver.revoked:
+        return []
+    detected = node.detected_at.get((slot.cohort, slot.generation), slot.since)
+    if slot.cohort == driver.serving and now.wall - detected < REVOKE_DEFER_MAX_S:
+        p = driver.promotion
+        waking = p is not None and p.cohort != slot.cohort and not p.leases
+        parked = [c for c, e in view.slots.items() if c != slot.cohort and e.slot.state == RUNNING]
+        if waking or (p is None and parked):
+            return []
+    return [RevokeRegistration(slot.cohort, slot.generation)]
+
+
+def ran_for(slot: Slot, driver: DriverMemory) -> float | None:
+    """How long the failed generation ran before it failed: None when it never started; unknown (launched
+    before this driver, e.g. adopted) counts as long."""
+    if slot.reason in ("launch-failed", "launch-timeout"):
+        return None
+    launched = driver.launched_at.get((slot.cohort, slot.generation))
+    return slot.since - launched if launched is not None else float("inf")
+
+
+def relaunch_due(slot: Slot, revision: int, view: DeploymentView, hosts: list[str], driver: DriverMemory,
+                 node: NodeMemory, policy: RelaunchPolicy, now: Now) -> list[Action]:
+    """Once every node confirmed the failed generation gone: the next generation (after the backoff of a crash
+    loop), or the slot dead when the crash loop goes on past max attempts."""
+    gone = view.gone_hosts(slot.cohort, slot.generation)
+    if not set(hosts) <= set(gone):
+        return []
+    detected = node.detected_at.get((slot.cohort, slot.generation), slot.since)
+    teardown_s = max(gone.values()) - detected
+    actions: list[Action] = [
+        ObserveTeardown(teardown_s),
+        Record("generation-gone", slot.cohort, slot.generation,
+               {"teardown_s": round(teardown_s, 4), "per_node": {h: round(t - detected, 4) for h, t in gone.items()}})]
+    attempts = policy.attempts_after(slot.attempts, ran_for(slot, driver))
+    if policy.gives_up(attempts):
+        dead = Slot(cohort=slot.cohort, generation=slot.generation, state=DEAD, reason="crash-loop",
+                    attempts=attempts, since=now.wall)
+        detail = "crash loop: relaunches stopped; fix the cause, then run playbooks/failover.yml"
+        return actions + [SwapSlot(dead, revision, "dead", then=(
+            Record("slot-dead", slot.cohort, slot.generation, {"attempts": attempts, "detail": detail}),))]
+    delay = policy.delay(attempts)
+    launching = Slot(cohort=slot.cohort, generation=slot.generation + 1, state=LAUNCHING, since=now.wall,
+                     reason=f"relaunch after {slot.reason}", attempts=attempts, not_before=now.wall + delay)
+    return actions + [SwapSlot(launching, revision, "relaunch", detected=detected, launch_at=now.wall + delay, then=(
+        Record("relaunch-scheduled", slot.cohort, slot.generation + 1,
+               {"delay_s": round(delay, 3), "attempts": attempts}),))]
+
+
+def running_due(slot: Slot, revision: int, driver: DriverMemory, node: NodeMemory, health: HealthAnswer | None,
+                now: Now) -> list[Action]:
+    """A launching generation whose leader answers /health (parked, or serving): running. Never healthy within
+    LAUNCH_TIMEOUT_S: failed."""
+    actions: list[Action] = []
+    launched = driver.launched_at.get((slot.cohort, slot.generation))
+    if launched is None:
+        launched = now.wall
+        actions.append(NoteLaunched(slot.cohort, slot.generation, now.wall))
+    rank = node.ranks.get(slot.cohort)
+    if rank is None or rank.generation != slot.generation:
+        return actions
+    if health is not None and health.ok:
+        running = Slot(cohort=slot.cohort, generation=slot.generation, state=RUNNING, reason="parked",
+                       attempts=slot.attempts, since=now.wall)
+        detected = node.detected_at.get((slot.cohort, slot.generation - 1))
+        return actions + [SwapSlot(running, revision, "running", then=(
+            Record("relaunch-complete", slot.cohort, slot.generation,
+                   {"relaunch_s": rounded(now.wall - detected) if detected else None}),))]
+    if now.wall - launched > LAUNCH_TIMEOUT_S:
+        actions.append(Declare(slot.cohort, slot.generation, "launch-timeout"))
+    return actions
+
+
+def stable_due(slot: Slot, revision: int, failover: Failover, now: Now) -> list[Action]:
+    """A generation that ran stable_after_s since a relaunch: its slot's crash-loop count starts again."""
+    if slot.state != RUNNING or not slot.attempts or now.wall - slot.since <= failover.stable_after_s:
+        return []
+    return [SwapSlot(replace(slot, attempts=0), revision, "stable")]
+
+
+# --- other agents, the GMS servers -----------------------------------------------------------------------------
+def watch_agents(view: DeploymentView, host: str, driver: DriverMemory, failover: Failover, now: Now) -> list[Action]:
+    """A node whose agent's lease expired: nobody watches its ranks. Its loss alone fails no cohort (the ranks
+    may be fine, and every cohort has a rank on every node); a node that is really gone shows in its peers'
+    collectives and the leader's health. What neither may show (vLLM's /health can stay 200 after a worker rank
+    died) is caught here: while any agent is lost, the driver sends a completion through the frontend every
+    SERVING_PROBE_S, and declares the serving generation failed (node-lost) when none has succeeded for
+    health_timeout_s plus the request timeout."""
+    live = view.agents
+    actions: list[Action] = [AgentsSeen(live)] if not live <= driver.agents_seen else []
+    lost = dict(driver.agents_lost)
+    ok_at = driver.serving_ok_at
+    for name in sorted((driver.agents_seen | live) - {host}):
+        if name in live and name in lost:
+            actions += [AgentBack(name), Record("agent-back", fields={"node": name,
+                                                                      "lost_s": round(now.mono - lost.pop(name), 3)})]
+        elif name not in live and name not in lost:
+            lost[name] = ok_at = now.mono
+            actions += [AgentLost(name, now.mono), Record("agent-lost", fields={
+                "node": name, "detail": "its ranks are unsupervised; serving is probed through the frontend"})]
+    if not lost or driver.serving is None or driver.promotion is not None:
+        return actions
+    if now.mono >= driver.next_serving_probe:
+        actions.append(ProbeServing(now.mono + SERVING_PROBE_S))
+    slot = view.slot(driver.serving)
+    silent = now.mono - ok_at
+    if slot is not None and slot.state == RUNNING and silent > failover.health_timeout_s + SERVING_SILENT_EXTRA_S:
+        actions += [Record("serving-silent", driver.serving, slot.generation,
+                           {"silent_s": round(silent, 3), "lost": sorted(lost)}),
+                    Declare(driver.serving, slot.generation, "node-lost")]
+    return actions
+
+
+def republish_weights(view: DeploymentView, driver: DriverMemory) -> list[Action]:
+    """After a GMS server died, relaunch the writer cohort (ENGINE_ID=0 loads from disk and publishes) so the
+    weights are resident again for future shadows. If cohort 0 is serving, a parked shadow takes over first
+    (one planned failover); with no parked shadow, serving is left alone and the gap is reported."""
+    if not view.gms_lost:
+        return []
+    hosts = sorted(view.gms_lost)
+    zero = view.slot(0)
+    serving = parse_holder(driver.holder or "")
+    parked = [c for c, e in view.slots.items() if c != 0 and e.slot.state == RUNNING and c != serving]
+    actions: list[Action]
+    if zero is None or zero.state != RUNNING:
+        actions = [Record("gms-republish", 0, None, {"nodes": hosts, "detail": "the writer is relaunching already"})]
+    elif serving != 0 or parked:
+        actions = [Record("gms-republish", 0, zero.generation, {"nodes": hosts, "serving": serving}),
+                   Declare(0, zero.generation, "gms-republish")]
+    else:
+        actions = [Record("gms-degraded", 0, zero.generation, {
+            "nodes": hosts, "detail": "no parked shadow can take over while the writer republishes; serving "
+                                      "continues, but a failover now would find no resident weights"})]
+    return actions + [ClearGmsLost(tuple(view.gms_lost[h] for h in hosts))]
+
+
+# --- the duties, in the order a tick needs them -------------------------------------------------------------------
+class DriverDuties:
+    def __init__(self, plan: Plan, host: str, node: NodeMemory, memory: DriverMemory, etcd_registrations:
+                 Callable[[int, set[int] | None], list[int]], execute: Callable[[list[Action]], None]) -> None:
+        self.plan = plan
+        self.host = host
+        self.node = node
+        self.memory = memory
+        self.policy = RelaunchPolicy.of(plan.failover)
+        self.registrations = etcd_registrations
+        self.execute = execute
+
+    def holder(self) -> str | None:
+        return lock_holder(self.plan.lock_path)
+
+    def watch_lock(self, holder: str | None, view: DeploymentView | None, now: Now) -> None:
+        self.execute(lock_changed(holder, self.plan, view, self.memory, self.node, now))
+
+    def drive(self, view: DeploymentView, now: Now) -> None:
+        self.execute(republish_weights(view, self.memory))
+        self.execute(verify_promotion(view, self.memory, self.node, self.promotion_seen(), now))
+        self.execute(watch_agents(view, self.host, self.memory, self.plan.failover, now))
+        for entry in view.slots.values():
+            slot, revision = entry.slot, entry.revision
+            if slot.state == FAILED:
+                self.execute(revoke_due(slot, view, self.memory, self.node, now))
+                self.execute(relaunch_due(slot, revision, view, self.plan.hosts, self.memory, self.node,
+                                          self.policy, now))
+            elif slot.state == LAUNCHING and now.wall >= slot.not_before:
+                rank = self.node.ranks.get(slot.cohort)
+                health = observe.leader_health(self.plan, slot.cohort, 0.5) \
+                    if rank is not None and rank.generation == slot.generation else None
+                self.execute(running_due(slot, revision, self.memory, self.node, health, Now.read()))
+            elif slot.state == RUNNING:
+                self.execute(stable_due(slot, revision, self.plan.failover, now))
+
+    def promotion_seen(self) -> PromotionSeen:
+        """Of the promotion being verified, what is still to be found out: its state, then its registration."""
+        p = self.memory.promotion
+        if p is None or p.leases:
+            return PromotionSeen()
+        state, state_at = None, 0.0
+        if p.active_at is None:
+            view = leader_view(self.plan, p.cohort, 0.5)
+            state, state_at = (view.state if view is not None else None), time.time()
+            if state != "active":
+                return PromotionSeen(state=state, state_at=state_at)
+        rank = self.node.ranks.get(p.cohort)
+        ports = listening_ports(cgroup_pids(rank.cgroup)) if rank and rank.cgroup else set()
+        try:
+            leases = tuple(self.registrations(p.cohort, ports))
+        except EtcdError:
+            leases = ()
+        return PromotionSeen(state=state, state_at=state_at, leases=leases, leases_at=time.time())

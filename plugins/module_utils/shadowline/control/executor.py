@@ -1,0 +1,303 @@
+"""Performs the actions the agent's decisions return (actions.py), in order: systemctl and cgroup kills,
+etcd compare-and-swaps, the event log and metrics, the agent's memory. The only place the agent acts."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import threading
+from dataclasses import dataclass
+
+from ..deployment.plan import Plan
+from . import frontend
+from .actions import (AbandonStart, Action, AgentBack, AgentLost, AgentsSeen, BeginPromotion, ClearGmsLost, Confirm, Declare,
+                      EndPromotion, FinishTeardown, Launch, Launched, LaunchFailed, MarkHealthy, NoteDetected,
+                      NoteLaunched, ObserveTeardown, ProbePromotion, ProbeServing, PromotionActive,
+                      PromotionRegistered, Record, RecordActive, ReportGmsLost, RevokeRegistration, SetHolder, SwapSlot,
+                      TearDown, WakeAt)
+from .agent_metrics import AgentMetrics
+from .coordination import Coordination
+from .discovery import revoke_leases, worker_registrations
+from .etcd_client import Etcd, EtcdError
+from .events import EventLog
+from .memory import DriverMemory, LocalRank, NodeMemory, Start, Teardown
+from .proc import alive, kill_cgroup, systemctl, terminate_cgroup
+from .view import Now
+
+
+@dataclass
+class Schedule:
+    """When the loop next re-reads the deployment (sync) and next checks health and drives (check), monotonic."""
+    next_sync: float = 0.0
+    next_check: float = 0.0
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """A frontend completion sent from a probe thread, handed back to the loop (threads write nothing else)."""
+    kind: str  # "promotion" or "serving"
+    request: frontend.Request
+    cohort: int | None = None
+    generation: int | None = None
+
+
+class Executor:
+    def __init__(self, plan: Plan, host: str, etcd: Etcd, events: EventLog, metrics: AgentMetrics,
+                 node: NodeMemory, driver: DriverMemory | None, schedule: Schedule, wake_fd: int) -> None:
+        self.plan = plan
+        self.host = host
+        self.etcd = etcd
+        self.coord = Coordination(etcd, plan.deployment)
+        self.events = events
+        self.metrics = metrics
+        self.node = node
+        self.driver = driver
+        self.schedule = schedule
+        self.wake_fd = wake_fd
+        self.probes: queue.Queue[ProbeResult] = queue.Queue()
+
+    def __call__(self, actions: list[Action]) -> None:
+        for action in actions:
+            self.perform(action)
+
+    def perform(self, action: Action) -> None:  # noqa: C901 (one branch per kind of action, flat)
+        if isinstance(action, Record):
+            self.events.write(action.event, action.cohort, action.generation, **action.fields)
+        elif isinstance(action, WakeAt):
+            if action.full:
+                self.schedule.next_sync = min(self.schedule.next_sync, action.mono)
+            else:
+                self.schedule.next_check = min(self.schedule.next_check, action.mono)
+        elif isinstance(action, Declare):
+            self.declare(action)
+        elif isinstance(action, TearDown):
+            self.tear_down(action.rank, action.since, action.grace)
+        elif isinstance(action, FinishTeardown):
+            teardown = self.node.terminating.pop(action.cohort, None)
+            if teardown is not None:
+                self.finish_teardown(teardown.rank, teardown.since)
+        elif isinstance(action, Confirm):
+            self.confirm(action.cohort, action.generation, action.when)
+        elif isinstance(action, Launch):
+            self.launch(action.cohort, action.generation)
+        elif isinstance(action, Launched):
+            self.launched(action.rank)
+        elif isinstance(action, LaunchFailed):
+            self.node.starting.pop(action.cohort, None)
+            status = systemctl("status", "--no-pager", "-n", "5", self.plan.unit_name("engine", action.cohort))
+            self.events.write("launch-failed", action.cohort, action.generation, failure=action.failure,
+                              status=status.stdout.strip()[-400:])
+        elif isinstance(action, AbandonStart):
+            self.node.starting.pop(action.cohort, None)
+            systemctl("stop", self.plan.unit_name("engine", action.cohort))
+            self.events.write("launch-abandoned", action.cohort, action.generation,
+                              slot_generation=action.slot_generation, slot_state=action.slot_state)
+        elif isinstance(action, NoteDetected):
+            self.node.detected_at.setdefault((action.cohort, action.generation), action.when)
+        elif isinstance(action, MarkHealthy):
+            rank = self.node.ranks.get(action.cohort)
+            if rank is not None:
+                rank.healthy_at = action.at
+        elif isinstance(action, ReportGmsLost):
+            try:
+                self.etcd.put(self.coord.keys.gms_lost(self.host), json.dumps({"time": action.when}))
+            except EtcdError as err:
+                self.events.write("gms-lost-unreported", error=str(err))
+        else:
+            self.perform_driver(action)
+
+    # --- a node's ranks ----------------------------------------------------------------------------------------
+    def declare(self, action: Declare) -> None:
+        key = (action.cohort, action.generation)
+        try:
+            slot = self.coord.declare_failed(action.cohort, action.generation, action.reason, self.host)
+        except EtcdError as err:
+            if key not in self.node.declare_errors:
+                self.node.declare_errors.add(key)
+                self.events.write("declare-failed-error", action.cohort, action.generation, reason=action.reason,
+                                  error=str(err))
+            return
+        if slot is not None:
+            self.node.detected_at[key] = slot.since
+            self.metrics.count("detections_total", action.reason)
+            self.events.write("failure-declared", action.cohort, action.generation, reason=action.reason)
+
+    def tear_down(self, rank: LocalRank, since: float, grace: float) -> None:
+        """Kill every process of the rank (its unit's cgroup), confirm, and record it in etcd. With a grace (a
+        planned failover), SIGTERM now and SIGKILL whatever is left when it ends, without blocking the loop."""
+        self.node.ranks.pop(rank.cohort, None)
+        if grace > 0 and rank.cgroup:
+            kill_cgroup(rank.cgroup, signal.SIGTERM)
+            self.node.terminating[rank.cohort] = Teardown(rank=rank, since=since,
+                                                          kill_at=Now.read().mono + grace)
+            self.events.write("ranks-terminating", rank.cohort, rank.generation, grace_s=grace)
+            return
+        self.finish_teardown(rank, since)
+
+    def finish_teardown(self, rank: LocalRank, since: float) -> None:
+        gone = terminate_cgroup(rank.cgroup, 0.0) if rank.cgroup else not alive(rank.pid)
+        done = Now.read().wall
+        if rank.pidfd is not None:
+            os.close(rank.pidfd)
+            rank.pidfd = None
+        if gone:
+            self.confirm(rank.cohort, rank.generation, done)
+        systemctl("stop", "--no-block", rank.unit)  # settle the unit; its processes are already gone
+        self.metrics.count("teardowns_total")
+        self.events.write("ranks-gone" if gone else "ranks-not-gone", rank.cohort, rank.generation, when=done,
+                          seconds=round(done - since, 4))
+
+    def confirm(self, cohort: int, generation: int, when: float) -> None:
+        if (cohort, generation) in self.node.confirmed:
+            return
+        try:
+            self.coord.confirm_gone(cohort, generation, self.host, when)
+            self.node.confirmed.add((cohort, generation))
+        except EtcdError as err:
+            self.events.write("confirm-error", cohort, generation, error=str(err))
+
+    def launch(self, cohort: int, generation: int) -> None:
+        """Start this node's rank of a new generation without waiting for it (the loop tracks the start)."""
+        unit = self.plan.unit_name("engine", cohort)
+        systemctl("reset-failed", unit)
+        systemctl("start", "--no-block", unit)
+        self.node.starting[cohort] = Start(generation, Now.read().mono)
+
+    def launched(self, rank: LocalRank) -> None:
+        self.node.starting.pop(rank.cohort, None)
+        self.node.ranks[rank.cohort] = rank
+        self.metrics.count("relaunches_total")
+        detected = self.node.detected_at.get((rank.cohort, rank.generation - 1))
+        if detected:
+            self.metrics.observe("relaunch_seconds", Now.read().wall - detected)
+        self.events.write("rank-launched", rank.cohort, rank.generation, pid=rank.pid)
+
+    # --- the driver ----------------------------------------------------------------------------------------------
+    def perform_driver(self, action: Action) -> None:  # noqa: C901 (one branch per kind of action, flat)
+        driver = self.driver
+        assert driver is not None, f"{type(action).__name__} is a driver's action; this agent is no driver"
+        if isinstance(action, SwapSlot):
+            self.swap(action, driver)
+        elif isinstance(action, RevokeRegistration):
+            self.revoke(action, driver)
+        elif isinstance(action, ObserveTeardown):
+            self.metrics.observe("teardown_seconds", action.seconds)
+        elif isinstance(action, NoteLaunched):
+            driver.launched_at.setdefault((action.cohort, action.generation), action.when)
+        elif isinstance(action, SetHolder):
+            if driver.holder is not None:
+                driver.last_holder = driver.holder
+            driver.holder = action.holder
+        elif isinstance(action, BeginPromotion):
+            driver.promotion = action.promotion
+        elif isinstance(action, PromotionActive):
+            if driver.promotion is not None:
+                driver.promotion.active_at = action.at
+        elif isinstance(action, PromotionRegistered):
+            p = driver.promotion
+            if p is not None:
+                p.leases, p.registered_at = list(action.leases), action.at
+                driver.registered[p.cohort] = list(action.leases)
+        elif isinstance(action, ProbePromotion):
+            p = driver.promotion
+            if p is not None:
+                p.probing = True
+                self.probe("promotion", p.cohort, p.generation)
+        elif isinstance(action, EndPromotion):
+            if action.promoted and driver.promotion is not None:
+                driver.serving = driver.promotion.cohort
+            driver.promotion = None
+            if action.count:
+                self.metrics.count(action.count)
+        elif isinstance(action, RecordActive):
+            try:
+                self.coord.record_active(action.cohort, action.generation)
+            except EtcdError as err:
+                self.events.write("record-active-error", action.cohort, action.generation, error=str(err))
+            if action.promote_s is not None:
+                self.metrics.observe("promotion_seconds", action.promote_s)
+        elif isinstance(action, AgentsSeen):
+            driver.agents_seen |= action.nodes
+        elif isinstance(action, AgentLost):
+            driver.agents_lost[action.node] = action.at
+            driver.serving_ok_at = action.at
+            self.metrics.count("agents_lost_total")
+        elif isinstance(action, AgentBack):
+            driver.agents_lost.pop(action.node, None)
+        elif isinstance(action, ProbeServing):
+            driver.next_serving_probe = action.next_at
+            self.probe("serving")
+        elif isinstance(action, ClearGmsLost):
+            for key in action.keys:
+                try:
+                    self.etcd.delete(key)
+                except EtcdError:
+                    pass  # seen again next pass: the republish decision is idempotent
+        else:
+            raise TypeError(f"no executor for {action!r}")
+
+    def swap(self, action: SwapSlot, driver: DriverMemory) -> None:
+        try:
+            swapped = self.coord.swap(action.slot, action.revision)
+        except EtcdError:
+            return
+        if not swapped:
+            return
+        slot = action.slot
+        if action.kind == "dead":
+            self.metrics.count("slots_dead_total")
+        elif action.kind == "relaunch":
+            if action.detected is not None:
+                self.node.detected_at[(slot.cohort, slot.generation - 1)] = action.detected
+            if action.launch_at is not None:  # a launch can fail before the next pass
+                driver.launched_at[(slot.cohort, slot.generation)] = action.launch_at
+        self(list(action.then))
+
+    def revoke(self, action: RevokeRegistration, driver: DriverMemory) -> None:
+        driver.revoked.add((action.cohort, action.generation))
+        leases = driver.registered.pop(action.cohort, [])
+        try:
+            leases += self.registrations(action.cohort)
+            revoked = revoke_leases(self.etcd, leases) if leases else []
+        except EtcdError as err:
+            self.events.write("revoke-error", action.cohort, action.generation, error=str(err))
+            return
+        if revoked:
+            self.events.write("registration-revoked", action.cohort, action.generation,
+                              leases=[f"{lease:x}" for lease in revoked])
+
+    def registrations(self, cohort: int, ports: set[int] | None = None) -> list[int]:
+        """The discovery leases of ``cohort``'s leader (see discovery.cohort_registrations)."""
+        c = self.plan.cohort(cohort)
+        return [r.lease for r in worker_registrations(self.etcd, c.leader.address, c.ports.system, ports or (),
+                                                      self.plan.model_id)]
+
+    # --- probes: threads that only send, their answers come back through the queue ------------------------------
+    def probe(self, kind: str, cohort: int | None = None, generation: int | None = None) -> None:
+        def send() -> None:
+            request = frontend.probe(self.plan.infra.frontend_url, self.plan.model_id, 2.0)
+            self.probes.put(ProbeResult(kind, request, cohort, generation))
+            os.write(self.wake_fd, b"p")
+        threading.Thread(target=send, name=f"{kind}-probe", daemon=True).start()
+
+    def take_probe_results(self) -> bool:
+        """Hand the probes' answers to the driver's memory; True when a promotion probe answered."""
+        answered = False
+        while not self.probes.empty():
+            result = self.probes.get_nowait()
+            driver = self.driver
+            if driver is None:
+                continue
+            if result.kind == "serving":
+                driver.serving_probe = result.request
+                if result.request.ok:
+                    driver.serving_ok_at = max(driver.serving_ok_at, result.request.end_mono)
+                continue
+            p = driver.promotion
+            if p is not None and (p.cohort, p.generation) == (result.cohort, result.generation):
+                p.completion = result.request
+                p.probing = False
+                answered = True
+        return answered

@@ -1,0 +1,75 @@
+"""The one client of the Dynamo frontend's completion API: what the agent (promotion and serving probes), the
+Slurm supervisor and the load generators send, and how the answer is judged (HTTP 200 with ``choices``)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+
+PROMPT = "shadowline failover drill"
+
+
+@dataclass
+class Request:
+    """One completion: when it was sent and ended (wall clock, to compare with the agents' events), how."""
+    seq: int
+    start: float
+    end: float
+    status: int  # HTTP status; 0 when no HTTP answer came (refused, reset, timeout)
+    ok: bool
+    error: str = ""
+    end_mono: float = 0.0  # time.monotonic() at the end, for deadlines (not recorded)
+
+    def to_dict(self) -> dict[str, object]:
+        record = asdict(self)
+        record.pop("end_mono")
+        return record
+
+
+def completion_body(model: str, max_tokens: int = 4) -> bytes:
+    return json.dumps({"model": model, "messages": [{"role": "user", "content": PROMPT}],
+                       "max_tokens": max_tokens, "stream": False}).encode()
+
+
+def send(url: str, body: bytes, timeout_s: float, seq: int = 0) -> Request:
+    """One chat completion; ok means HTTP 200 with a JSON body that has ``choices``."""
+    request, _payload = exchange(url, body, timeout_s, seq)
+    return request
+
+
+def exchange(url: str, body: bytes, timeout_s: float, seq: int = 0) -> tuple[Request, str]:
+    """One chat completion: the request's record and the body of the answer (or the error text)."""
+    start = time.time()
+    http = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body, method="POST",
+                                  headers={"Content-Type": "application/json"})
+    payload = b""
+    try:
+        with urllib.request.urlopen(http, timeout=timeout_s) as response:  # noqa: S310 (the plan's URL)
+            payload = response.read()
+            status = response.status
+        try:
+            ok = status == 200 and "choices" in json.loads(payload)
+            error = "" if ok else f"unexpected body: {payload[:120]!r}"
+        except ValueError:
+            ok, error = False, f"not JSON: {payload[:120]!r}"
+    except urllib.error.HTTPError as err:
+        status, ok = err.code, False
+        payload = err.read()
+        error = payload[:160].decode("utf-8", "replace").strip()
+    except TimeoutError:
+        status, ok, error = 0, False, f"no answer within {timeout_s} s"
+    except (OSError, ValueError) as err:
+        status, ok = 0, False
+        reason = getattr(err, "reason", err)
+        error = "timeout" if "timed out" in str(reason) else str(reason)[:160]
+    record = Request(seq=seq, start=start, end=time.time(), status=status, ok=ok, error=error,
+                     end_mono=time.monotonic())
+    return record, payload.decode("utf-8", "replace") if payload else error
+
+
+def probe(url: str, model: str, timeout_s: float = 2.0) -> Request:
+    """One short completion (one token): is the deployment serving through the frontend?"""
+    return send(url, completion_body(model, 1), timeout_s, 0)

@@ -1,0 +1,78 @@
+"""What an agent remembers between ticks: its node's ranks and what it is doing to them (NodeMemory), and on
+the leader node what the driver is verifying and relaunching (DriverMemory). Only the executor changes it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .frontend import Request
+
+
+@dataclass
+class LocalRank:
+    cohort: int
+    generation: int
+    unit: str
+    pid: int
+    pidfd: int | None
+    cgroup: str | None
+    leader: bool
+    started: float  # when systemd started the rank's main process (unix time)
+    healthy_at: float | None = None  # the last 200 from the leader's /health (monotonic); None: none yet
+
+
+@dataclass
+class Start:
+    """A unit start this agent began, until systemd shows the rank running (or failed)."""
+    generation: int
+    since: float  # monotonic
+
+
+@dataclass
+class Teardown:
+    """A rank sent SIGTERM, waiting for its grace to end (a planned failover lets engines drain)."""
+    rank: LocalRank
+    since: float  # the declaration (unix time), the base of the teardown time
+    kill_at: float  # monotonic
+
+
+@dataclass
+class NodeMemory:
+    ranks: dict[int, LocalRank] = field(default_factory=dict)  # cohort -> this node's rank
+    starting: dict[int, Start] = field(default_factory=dict)  # cohort -> a start in progress
+    terminating: dict[int, Teardown] = field(default_factory=dict)  # cohort -> a rank in its SIGTERM grace
+    confirmed: set[tuple[int, int]] = field(default_factory=set)  # (cohort, generation) recorded gone by us
+    detected_at: dict[tuple[int, int], float] = field(default_factory=dict)  # (cohort, generation) -> declared (unix)
+    declare_errors: set[tuple[int, int]] = field(default_factory=set)
+    etcd_lost_since: float | None = None  # monotonic; None while etcd answers
+
+
+@dataclass
+class Promotion:
+    """A cohort that took the failover lock, until the driver has verified that it serves."""
+    cohort: int
+    generation: int
+    previous: str | None  # the holder before it
+    lock_at: float  # unix time
+    deadline: float  # monotonic
+    active_at: float | None = None  # its failover state metric says active (unix)
+    leases: list[int] = field(default_factory=list)  # its discovery registration
+    registered_at: float | None = None
+    completion: Request | None = None  # the last verification request through the frontend
+    probing: bool = False
+
+
+@dataclass
+class DriverMemory:
+    launched_at: dict[tuple[int, int], float] = field(default_factory=dict)  # (cohort, generation) -> unix
+    registered: dict[int, list[int]] = field(default_factory=dict)  # cohort -> discovery leases of its worker
+    revoked: set[tuple[int, int]] = field(default_factory=set)  # (cohort, generation) whose registration went
+    promotion: Promotion | None = None  # the lock's new holder until its serving is verified
+    serving: int | None = None  # the cohort last verified serving
+    holder: str | None = None  # the live lock holder, engine-<id>
+    last_holder: str | None = None  # the holder before it, for promotion timing
+    agents_seen: set[str] = field(default_factory=set)  # nodes whose agent was seen registered
+    agents_lost: dict[str, float] = field(default_factory=dict)  # node -> since when its lease is gone (monotonic)
+    serving_ok_at: float = 0.0  # monotonic: the last completion through the frontend that succeeded
+    serving_probe: Request | None = None  # the last serving probe's answer
+    next_serving_probe: float = 0.0  # monotonic

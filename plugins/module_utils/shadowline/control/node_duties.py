@@ -1,0 +1,216 @@
+"""What every node's agent decides about its own ranks, as pure functions of (the deployment view, the node's
+observations, the agent's memory, the clock) returning actions (actions.py); and NodeDuties, which observes,
+calls them and hands their actions to the executor, in the order a tick needs them.
+
+Duties: a rank that exits (pidfd) fails its generation; a slot declared failed tears this node's rank down (at
+once, from the watch event: the hot path); a hung leader (/health) or stalled collective (progress signal)
+fails its generation, and a node cut off from etcd whose collective stalled fences itself; the ranks follow the
+slot records (launch a new generation, retire a leftover, abandon a start that was superseded, confirm).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..deployment.contract import Failover
+from ..deployment.plan import Plan
+from . import observe
+from .actions import (AbandonStart, Action, Confirm, Declare, FinishTeardown, Launch, Launched, LaunchFailed,
+                      MarkHealthy, NoteDetected, Record, ReportGmsLost, TearDown, WakeAt)
+from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
+from .memory import LocalRank, NodeMemory, Start
+from .observe import HealthAnswer, UnitState
+from .policy import COLLECTIVE_STALLED, HangPolicy, silence
+from .view import DeploymentView, Now
+
+START_JOB_S = 30.0  # a unit start job that has not made the unit active by then has failed
+INACTIVE_AFTER_START_S = 2.0  # a unit still inactive this long after `systemctl start`: its job did not run
+
+
+# --- decisions ----------------------------------------------------------------------------------------------------
+def teardown_grace(slot: Slot, failover: Failover) -> float:
+    """A planned failover lets the engines drain (SIGTERM, planned_grace_s); a failure kills at once."""
+    return float(failover.planned_grace_s if slot.reason == "planned-failover" else failover.term_grace_s)
+
+
+def rank_exited(rank: LocalRank, now: Now, failover: Failover) -> list[Action]:
+    """The rank's main process exited: its generation has failed."""
+    return [Record("rank-exited", rank.cohort, rank.generation, {"pid": rank.pid}),
+            Declare(rank.cohort, rank.generation, "rank-exited"),
+            TearDown(rank, now.wall, float(failover.term_grace_s))]
+
+
+def slot_failed(slot: Slot, memory: NodeMemory, failover: Failover) -> list[Action]:
+    """A generation declared failed (or dead): tear this node's rank of it down. [] when there is none."""
+    rank = memory.ranks.get(slot.cohort)
+    if slot.state not in (FAILED, DEAD) or rank is None or rank.generation > slot.generation:
+        return []
+    return [Record("teardown-requested", slot.cohort, slot.generation, {"reason": slot.reason, "by": slot.detected_by}),
+            NoteDetected(slot.cohort, slot.generation, slot.since),
+            TearDown(rank, slot.since, teardown_grace(slot, failover))]
+
+
+def settle_failed(slot: Slot, memory: NodeMemory, failover: Failover, now: Now) -> list[Action]:
+    """Reconcile a failed or dead slot: tear the rank down, or confirm there is nothing (any more) of it here."""
+    actions = slot_failed(slot, memory, failover)
+    if not actions and slot.state == FAILED and slot.cohort not in memory.terminating:
+        actions = [Confirm(slot.cohort, slot.generation, now.wall)]
+    return actions
+
+
+def teardowns_due(memory: NodeMemory, alive: dict[int, bool], now: Now) -> list[Action]:
+    """SIGTERM teardowns whose ranks left, or whose grace ended: finish them (SIGKILL what is left, confirm)."""
+    return [FinishTeardown(cohort) for cohort, teardown in memory.terminating.items()
+            if not alive.get(cohort, False) or now.mono >= teardown.kill_at]
+
+
+def abandon_stale_start(slot: Slot, memory: NodeMemory) -> list[Action]:
+    """A start this agent began for a generation that failed or was superseded meanwhile: stop it, so that the
+    slot's record and this node agree (and a newer generation is not held up by it)."""
+    start = memory.starting.get(slot.cohort)
+    if start is None:
+        return []
+    if start.generation >= slot.generation and not (slot.state in (FAILED, DEAD) and start.generation == slot.generation):
+        return []
+    return [AbandonStart(slot.cohort, start.generation, slot.generation, slot.state)]
+
+
+def retire_leftover(slot: Slot, memory: NodeMemory, failover: Failover, now: Now) -> list[Action]:
+    """A rank of an older generation than the slot's (launching or running): tear it down."""
+    rank = memory.ranks.get(slot.cohort)
+    if slot.state not in (LAUNCHING, RUNNING) or rank is None or rank.generation >= slot.generation:
+        return []
+    return [TearDown(rank, now.wall, float(failover.term_grace_s))]
+
+
+def launch_due(slot: Slot, memory: NodeMemory, now: Now) -> list[Action]:
+    """No rank of a launching or running slot here: start it once its not_before has come, else wake then."""
+    cohort = slot.cohort
+    if slot.state not in (LAUNCHING, RUNNING) or cohort in memory.ranks:
+        return []
+    if cohort in memory.starting or cohort in memory.terminating:
+        return []
+    if now.wall >= slot.not_before:
+        return [NoteDetected(cohort, slot.generation - 1, slot.since), Launch(cohort, slot.generation)]
+    return [WakeAt(now.mono + slot.not_before - now.wall, full=True)]
+
+
+def start_failure(unit: UnitState, since: float, now: Now) -> str | None:
+    """Why a unit this agent started (at ``since``, monotonic) is not running, as soon as systemd says so; None
+    while it starts."""
+    if unit.active_state == "failed":
+        return f"the unit failed ({unit.result})"
+    if unit.active_state in ("inactive", "deactivating") and now.mono - since > INACTIVE_AFTER_START_S:
+        return f"the unit is {unit.active_state}: its start job did not run or it exited at once"
+    if now.mono - since > START_JOB_S:
+        return f"the unit is still {unit.active_state}/{unit.sub_state} after {START_JOB_S:.0f} s"
+    return None
+
+
+def start_progress(cohort: int, start: Start, tracked: LocalRank | None, unit: UnitState | None,
+                   now: Now) -> list[Action]:
+    """A start in progress: the rank runs (track it), systemd says it failed (declare), or still starting."""
+    if tracked is not None:
+        return [Launched(tracked)]
+    failure = start_failure(unit or UnitState("unknown"), start.since, now)
+    if failure is None:
+        return []
+    return [LaunchFailed(cohort, start.generation, failure), Declare(cohort, start.generation, "launch-failed")]
+
+
+def health_probe_timeout(rank: LocalRank, hang: HangPolicy, now: Now) -> float:
+    """How long to wait for /health: at most until the leader would count as hung (0.05-0.5 s)."""
+    left = hang.health_deadline(rank.healthy_at) - now.mono if rank.healthy_at is not None else 0.5
+    return min(0.5, max(0.05, left))
+
+
+def judge_rank(rank: LocalRank, progress_mtime: float | None, health: HealthAnswer | None, now: Now,
+               hang: HangPolicy, failover: Failover, etcd_lost_since: float | None) -> list[Action]:
+    """Hung leader (no 200 from /health for health_timeout_s since the last one) or stalled collective (the
+    progress signal still since heartbeat_stall_s). A rank is judged only once it has shown the signal since its
+    start: weight loading takes as long as it takes. Fencing: a node cut off from etcd for longer than the agent
+    lease whose collective stalled too tears its rank down itself (the others have declared it failed); an etcd
+    outage alone, with collectives progressing, never costs a serving cohort."""
+    actions: list[Action] = []
+    healthy_at = rank.healthy_at
+    if health is not None and health.ok:
+        actions.append(MarkHealthy(rank.cohort, health.at))
+        healthy_at = health.at
+    health_silent = None
+    if health is not None and not health.ok and healthy_at is not None:
+        health_silent = silence(healthy_at, 0.0, health.at)
+    reason = hang.judge(silence(progress_mtime, rank.started, now.wall), health_silent)
+    if reason is None:
+        if health_silent is not None:  # decide at the deadline, not a check period later
+            actions.append(WakeAt(hang.health_deadline(healthy_at or 0.0)))
+        return actions
+    actions.append(Declare(rank.cohort, rank.generation, reason))
+    isolated_s = now.mono - etcd_lost_since if etcd_lost_since is not None else None
+    if reason == COLLECTIVE_STALLED and isolated_s is not None and isolated_s > failover.agent_lease_ttl_s:
+        actions += [Record("fenced", rank.cohort, rank.generation, {"isolated_s": round(isolated_s, 3)}),
+                    TearDown(rank, now.wall, float(failover.term_grace_s))]
+    return actions
+
+
+def gms_exited(now: Now) -> list[Action]:
+    """Engines keep the weights they mapped and go on serving; a new import would find the restarted server
+    empty. Tell the driver, which has the writer (cohort 0) republish them (driver_duties.republish_weights)."""
+    return [Record("gms-lost"), ReportGmsLost(now.wall)]
+
+
+
+
+# --- the duties, in the order a tick needs them -------------------------------------------------------------------
+class NodeDuties:
+    def __init__(self, plan: Plan, host: str, memory: NodeMemory, execute: Callable[[list[Action]], None]) -> None:
+        self.plan = plan
+        self.host = host
+        self.node_rank = plan.node(host).rank
+        self.failover = plan.failover
+        self.hang = HangPolicy.of(plan.failover)
+        self.memory = memory
+        self.execute = execute
+
+    def on_slot_changes(self, slots: list[Slot]) -> None:
+        """The hot path: tear down at once what a watch event says has failed (no read of etcd first)."""
+        for slot in slots:
+            self.execute(slot_failed(slot, self.memory, self.failover))
+
+    def on_rank_exit(self, cohort: int, now: Now) -> None:
+        rank = self.memory.ranks.get(cohort)
+        if rank is not None:
+            self.execute(rank_exited(rank, now, self.failover))
+
+    def track_starts(self, now: Now) -> None:
+        for cohort, start in list(self.memory.starting.items()):
+            tracked = observe.track(self.plan, self.host, cohort, start.generation)
+            unit = None if tracked else observe.unit_state(self.plan.unit_name("engine", cohort))
+            self.execute(start_progress(cohort, start, tracked, unit, now))
+
+    def finish_teardowns(self, now: Now) -> None:
+        alive = {c: observe.cgroup_alive(t.rank.cgroup) for c, t in self.memory.terminating.items()}
+        self.execute(teardowns_due(self.memory, alive, now))
+
+    def reconcile(self, view: DeploymentView, now: Now) -> None:
+        """Make this node's ranks match the slot records."""
+        for entry in view.slots.values():
+            slot = entry.slot
+            self.execute(abandon_stale_start(slot, self.memory))
+            if slot.state in (FAILED, DEAD):
+                self.execute(settle_failed(slot, self.memory, self.failover, now))
+            else:
+                self.execute(retire_leftover(slot, self.memory, self.failover, now))
+                self.execute(launch_due(slot, self.memory, now))
+
+    def check_health(self) -> None:
+        for rank in list(self.memory.ranks.values()):
+            now = Now.read()
+            mtime = observe.progress_mtime(self.plan, rank.cohort, self.node_rank)
+            health = None
+            if rank.leader and self.hang.judge(silence(mtime, rank.started, now.wall), None) is None:
+                health = observe.leader_health(self.plan, rank.cohort, health_probe_timeout(rank, self.hang, now))
+            now = Now.read()  # after the probe: it may have waited for its timeout
+            self.execute(judge_rank(rank, mtime, health, now, self.hang, self.failover, self.memory.etcd_lost_since))
+
+    def on_gms_exit(self, now: Now) -> None:
+        self.execute(gms_exited(now))

@@ -1,0 +1,61 @@
+"""The node's local observations, read by the agent before it decides: systemd's view of a unit, a leader's
+/health answer, a rank's progress signal, a cgroup's processes. Reads only (opening a pidfd is the one handle
+it takes: a tracked rank's exit wakes the loop)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..deployment.plan import Plan
+from .http import http_get
+from .memory import LocalRank
+from .proc import cgroup_pids, monotonic_to_unix, pidfd_open, unit_properties
+
+
+@dataclass(frozen=True)
+class UnitState:
+    active_state: str
+    sub_state: str = "?"
+    result: str = "?"
+
+
+@dataclass(frozen=True)
+class HealthAnswer:
+    ok: bool  # 200 from the leader's /health
+    at: float  # monotonic, when the answer (or the timeout) came
+
+
+def unit_state(unit: str) -> UnitState:
+    props = unit_properties(unit, "ActiveState", "SubState", "Result")
+    return UnitState(props.get("ActiveState", "unknown"), props.get("SubState", "?"), props.get("Result", "?"))
+
+
+def track(plan: Plan, host: str, cohort: int, generation: int) -> LocalRank | None:
+    """This node's rank of ``cohort`` as systemd runs it, with a pidfd on its main process; None when the unit
+    is not active (or its main process exited meanwhile)."""
+    unit = plan.unit_name("engine", cohort)
+    props = unit_properties(unit, "MainPID", "ActiveState", "ControlGroup", "ExecMainStartTimestampMonotonic")
+    pid = int(props.get("MainPID", "0") or 0)
+    if props.get("ActiveState") != "active" or not pid:
+        return None
+    pidfd = pidfd_open(pid)
+    if pidfd is None:  # exited between systemctl's answer and now: the unit is about to be inactive
+        return None
+    started = monotonic_to_unix(props.get("ExecMainStartTimestampMonotonic", "0")) or time.time()
+    return LocalRank(cohort=cohort, generation=generation, unit=unit, pid=pid, pidfd=pidfd,
+                     cgroup=props.get("ControlGroup") or None, leader=plan.node(host).rank == 0, started=started)
+
+
+def leader_health(plan: Plan, cohort: int, timeout: float) -> HealthAnswer:
+    answer = http_get(f"{plan.cohort(cohort).system_url}/health", timeout)
+    return HealthAnswer(ok=answer is not None and answer[0] == 200, at=time.monotonic())
+
+
+def progress_mtime(plan: Plan, cohort: int, node_rank: int) -> float | None:
+    """When the rank last stepped its progress signal (unix time), None when its backend has none."""
+    return plan.engine.progress_mtime(plan.lock_dir, plan.cohort(cohort).engine_id, node_rank)
+
+
+def cgroup_alive(cgroup: str | None) -> bool:
+    return bool(cgroup and cgroup_pids(cgroup))

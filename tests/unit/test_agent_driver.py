@@ -1,0 +1,235 @@
+"""The driver's decisions (control/driver_duties.py), one by one: a view, observations, memory and a clock in,
+actions out. No process, no etcd, no testbed."""
+
+from __future__ import annotations
+
+from shadowline.control.actions import (AgentBack, AgentLost, AgentsSeen, BeginPromotion, ClearGmsLost, Declare,
+                                        EndPromotion, NoteLaunched, ProbePromotion, ProbeServing, PromotionActive,
+                                        PromotionRegistered, RecordActive, RevokeRegistration, SetHolder, SwapSlot)
+from shadowline.control.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
+from shadowline.control.driver_duties import (PROMOTION_TIMEOUT_S, PromotionSeen, lock_changed, relaunch_due,
+                                              republish_weights, revoke_due, running_due, stable_due,
+                                              verify_promotion, watch_agents)
+from shadowline.control.frontend import Request
+from shadowline.control.memory import DriverMemory, NodeMemory, Promotion
+from shadowline.control.observe import HealthAnswer
+from shadowline.control.policy import RelaunchPolicy
+from shadowline.control.view import Active, DeploymentView, SlotEntry
+from shadowline.deployment.plan import Plan
+
+from .test_agent_node import FAILOVER, NOW, T0, at, kinds, memory, rank, slot
+from .test_plan import plan_for
+
+HOSTS = ["node0", "node1", "node2"]
+POLICY = RelaunchPolicy.of(FAILOVER)
+
+
+def plan() -> Plan:
+    return plan_for(3, gms_engine={"tensor_parallel_size": 24})
+
+
+def view(*slots: Slot, agents: tuple[str, ...] = tuple(HOSTS), gone: dict | None = None,
+         gms_lost: dict[str, str] | None = None) -> DeploymentView:
+    return DeploymentView(slots={s.cohort: SlotEntry(s, 10 + s.cohort) for s in slots}, agents=frozenset(agents),
+                          gone=gone or {}, gms_lost=gms_lost or {}, active=None)
+
+
+def completion(ok: bool, end: float = T0) -> Request:
+    return Request(seq=0, start=end - 0.05, end=end, status=200 if ok else 0, ok=ok,
+                   error="" if ok else "refused", end_mono=NOW.mono)
+
+
+# --- the lock and the promotion ---------------------------------------------------------------------------------
+def test_new_lock_holder_starts_a_promotion():
+    node = memory(rank(0, 1), rank(1, 1), detected_at={(0, 1): T0 - 0.2})
+    driver = DriverMemory(holder="engine-0")
+    actions = lock_changed("engine-1", plan(), view(slot(0, 1, FAILED), slot(1, 1)), driver, node, NOW)
+    assert kinds(actions) == ["SetHolder", "BeginPromotion", "Record:lock-acquired"]
+    promotion = actions[1].promotion
+    assert (promotion.cohort, promotion.generation, promotion.previous) == (1, 1, "engine-0")
+    assert promotion.deadline == NOW.mono + PROMOTION_TIMEOUT_S
+    assert abs(actions[2].fields["lock_s"] - 0.2) < 1e-6
+
+
+def test_lock_taken_by_a_failing_generation_is_no_promotion():
+    node = memory(rank(0, 1), rank(1, 1))
+    actions = lock_changed("engine-1", plan(), view(slot(0, 1), slot(1, 1, FAILED)), DriverMemory(), node, NOW)
+    assert kinds(actions) == ["SetHolder", "Record:lock-taken-by-failing"]
+
+
+def test_lock_unchanged_or_freed():
+    assert lock_changed("engine-0", plan(), view(), DriverMemory(holder="engine-0"), memory(), NOW) == []
+    assert kinds(lock_changed(None, plan(), view(), DriverMemory(holder="engine-0"), memory(), NOW)) == [
+        "SetHolder", "Record:lock-free"]
+    assert lock_changed(None, plan(), view(), DriverMemory(holder="engine-0"), memory(), NOW)[0] == SetHolder(None)
+
+
+def promotion(**kw: object) -> Promotion:
+    return Promotion(cohort=1, generation=1, previous="engine-0", lock_at=T0 - 0.1, deadline=NOW.mono + 60, **kw)  # type: ignore[arg-type]
+
+
+def test_promotion_verified_active_then_registered_then_a_completion():
+    node = memory(rank(1, 1), detected_at={(0, 1): T0 - 0.3})
+    running = view(slot(0, 1, FAILED), slot(1, 1))
+    p = promotion()
+    driver = DriverMemory(holder="engine-1", promotion=p)
+    seen = PromotionSeen(state="active", state_at=T0, leases=(0xabc,), leases_at=T0 + 0.01)
+    actions = verify_promotion(running, driver, node, seen, NOW)
+    assert kinds(actions) == ["PromotionActive", "PromotionRegistered", "Record:registered", "ProbePromotion"]
+    assert actions[0] == PromotionActive(T0) and actions[1] == PromotionRegistered((0xabc,), T0 + 0.01)
+    # the completion answered (the executor put it into the promotion): promoted
+    p.active_at, p.leases, p.registered_at, p.completion = T0, [0xabc], T0 + 0.01, completion(True, T0 + 0.2)
+    actions = verify_promotion(running, driver, node, PromotionSeen(), at(0.2))
+    assert kinds(actions) == ["EndPromotion", "RecordActive", "Record:promoted"]
+    assert actions[0] == EndPromotion(promoted=True, count="promotions_total")
+    assert actions[1].cohort == 1 and abs(actions[1].promote_s - 0.5) < 1e-6
+
+
+def test_promotion_waits_for_an_answer_in_flight():
+    p = promotion(active_at=T0, leases=[1], probing=True)
+    driver = DriverMemory(holder="engine-1", promotion=p)
+    assert verify_promotion(view(slot(1, 1)), driver, memory(rank(1, 1)), PromotionSeen(), NOW) == []
+
+
+def test_promotion_unverified_after_its_deadline():
+    p = promotion(active_at=T0)
+    driver = DriverMemory(holder="engine-1", promotion=p)
+    actions = verify_promotion(view(slot(1, 1)), driver, memory(rank(1, 1)), PromotionSeen(), at(61))
+    assert kinds(actions) == ["EndPromotion", "Record:promotion-unverified"]
+    assert actions[1].fields["missing"] == "its registration"
+
+
+def test_promotion_abandoned_when_its_generation_fails_or_the_lock_moves():
+    driver = DriverMemory(holder="engine-1", promotion=promotion())
+    actions = verify_promotion(view(slot(1, 1, FAILED)), driver, memory(), PromotionSeen(), NOW)
+    assert kinds(actions) == ["Record:promotion-abandoned", "EndPromotion"]
+    moved = DriverMemory(holder="engine-2", promotion=promotion())
+    assert kinds(verify_promotion(view(slot(1, 1)), moved, memory(), PromotionSeen(), NOW))[-1] == "EndPromotion"
+
+
+# --- failed slots: discovery and relaunch ----------------------------------------------------------------------
+def test_registration_revoked_at_once_unless_the_serving_cohort_hands_over():
+    failed = slot(1, 1, FAILED)
+    assert revoke_due(failed, view(slot(0, 1), failed), DriverMemory(serving=0), memory(), NOW) == [
+        RevokeRegistration(1, 1)]
+    # the serving cohort with a parked shadow: keep it until the successor registered (at most 10 s)
+    serving_failed = slot(0, 1, FAILED, since=T0 - 1)
+    driver = DriverMemory(serving=0)
+    assert revoke_due(serving_failed, view(serving_failed, slot(1, 1)), driver, memory(), NOW) == []
+    assert revoke_due(serving_failed, view(serving_failed, slot(1, 1)), driver, memory(), at(9.5)) == [
+        RevokeRegistration(0, 1)]
+    assert revoke_due(serving_failed, view(serving_failed), DriverMemory(serving=0, revoked={(0, 1)}), memory(),
+                      NOW) == []
+
+
+def test_relaunch_once_every_node_confirmed_gone():
+    failed = slot(1, 1, FAILED, since=T0 - 2)
+    driver = DriverMemory(launched_at={(1, 1): T0 - 100})
+    node = memory(detected_at={(1, 1): T0 - 2})
+    partly = view(failed, gone={(1, 1): {"node0": T0 - 1.97, "node1": T0 - 1.96}})
+    assert relaunch_due(failed, 11, partly, HOSTS, driver, node, POLICY, NOW) == []
+    gone = view(failed, gone={(1, 1): {"node0": T0 - 1.97, "node1": T0 - 1.96, "node2": T0 - 1.95}})
+    actions = relaunch_due(failed, 11, gone, HOSTS, driver, node, POLICY, NOW)
+    assert kinds(actions) == ["ObserveTeardown", "Record:generation-gone", "SwapSlot"]
+    assert abs(actions[0].seconds - 0.05) < 1e-6
+    swap = actions[2]
+    assert isinstance(swap, SwapSlot) and swap.kind == "relaunch" and swap.revision == 11
+    assert (swap.slot.generation, swap.slot.state, swap.slot.attempts, swap.slot.not_before) == (2, LAUNCHING, 0, T0)
+
+
+def test_relaunch_backoff_grows_on_quick_failures_then_the_slot_is_dead():
+    gone = {(1, 1): {h: T0 - 1 for h in HOSTS}}
+    for attempts_before, delay in ((0, 1.0), (1, 2.0), (2, 4.0)):
+        failed = slot(1, 1, FAILED, since=T0 - 1, attempts=attempts_before)
+        driver = DriverMemory(launched_at={(1, 1): T0 - 3})  # ran 2 s < stable_after_s: a quick failure
+        swap = relaunch_due(failed, 11, view(failed, gone=gone), HOSTS, driver, memory(), POLICY, NOW)[-1]
+        assert swap.kind == "relaunch" and swap.slot.attempts == attempts_before + 1
+        assert swap.slot.not_before == T0 + delay
+    failed = slot(1, 1, FAILED, since=T0 - 1, attempts=3)
+    swap = relaunch_due(failed, 11, view(failed, gone=gone), HOSTS, DriverMemory(launched_at={(1, 1): T0 - 3}),
+                        memory(), POLICY, NOW)[-1]
+    assert swap.kind == "dead" and swap.slot.state == DEAD and swap.slot.attempts == 4
+    assert swap.then[0].event == "slot-dead"
+
+
+def test_launch_failed_counts_as_quick_and_a_long_run_resets_the_count():
+    gone = {(1, 1): {h: T0 - 1 for h in HOSTS}}
+    failed = slot(1, 1, FAILED, since=T0 - 1, attempts=2, reason="launch-failed")
+    assert relaunch_due(failed, 11, view(failed, gone=gone), HOSTS, DriverMemory(), memory(), POLICY,
+                        NOW)[-1].slot.attempts == 3
+    long_run = slot(1, 1, FAILED, since=T0 - 1, attempts=2, reason="rank-exited")
+    assert relaunch_due(long_run, 11, view(long_run, gone=gone), HOSTS, DriverMemory(launched_at={(1, 1): T0 - 99}),
+                        memory(), POLICY, NOW)[-1].slot.attempts == 0
+
+
+def test_parked_relaunch_marked_running_and_a_launch_that_never_gets_healthy_fails():
+    launching = slot(1, 2, LAUNCHING)
+    driver = DriverMemory(launched_at={(1, 2): T0 - 1})
+    node = memory(rank(1, 2), detected_at={(1, 1): T0 - 1.5})
+    actions = running_due(launching, 12, driver, node, HealthAnswer(ok=True, at=NOW.mono), NOW)
+    assert kinds(actions) == ["SwapSlot"] and actions[0].kind == "running" and actions[0].slot.state == RUNNING
+    assert actions[0].then[0].fields["relaunch_s"] == 1.5
+    assert running_due(launching, 12, driver, node, HealthAnswer(ok=False, at=NOW.mono), NOW) == []
+    late = running_due(launching, 12, DriverMemory(launched_at={(1, 2): T0 - 301}), node,
+                       HealthAnswer(ok=False, at=NOW.mono), NOW)
+    assert late == [Declare(1, 2, "launch-timeout")]
+    assert running_due(launching, 12, DriverMemory(), memory(), None, NOW) == [NoteLaunched(1, 2, T0)]
+
+
+def test_stable_generation_resets_the_crash_loop_count():
+    assert stable_due(slot(1, 2, RUNNING, attempts=2, since=T0 - 31), 12, FAILOVER, NOW)[0].slot.attempts == 0
+    assert stable_due(slot(1, 2, RUNNING, attempts=2, since=T0 - 5), 12, FAILOVER, NOW) == []
+
+
+# --- lost agents ------------------------------------------------------------------------------------------------------
+def test_agent_lost_then_back():
+    driver = DriverMemory(agents_seen={"node0", "node1", "node2"}, serving=0)
+    actions = watch_agents(view(slot(0, 1), agents=("node0", "node1")), "node0", driver, FAILOVER, NOW)
+    assert AgentLost("node2", NOW.mono) in actions and "Record:agent-lost" in kinds(actions)
+    assert ProbeServing(NOW.mono + 0.5) in actions  # serving is probed through the frontend meanwhile
+    assert not any(isinstance(a, Declare) for a in actions)
+    driver.agents_lost = {"node2": NOW.mono}
+    back = watch_agents(view(slot(0, 1)), "node0", driver, FAILOVER, at(2))
+    assert back[0] == AgentBack("node2") and back[1].fields["lost_s"] == 2.0
+
+
+def test_node_lost_declared_after_serving_is_silent():
+    driver = DriverMemory(agents_seen=set(HOSTS), agents_lost={"node2": NOW.mono}, serving=0,
+                          serving_ok_at=NOW.mono, next_serving_probe=NOW.mono + 10)
+    quiet = view(slot(0, 1), agents=("node0", "node1"))
+    assert watch_agents(quiet, "node0", driver, FAILOVER, at(4.9)) == []
+    actions = watch_agents(quiet, "node0", driver, FAILOVER, at(5.1))
+    assert kinds(actions) == ["Record:serving-silent", "Declare"] and actions[1] == Declare(0, 1, "node-lost")
+
+
+def test_new_agents_are_remembered():
+    assert watch_agents(view(agents=("node0", "node1")), "node0", DriverMemory(), FAILOVER, NOW) == [
+        AgentsSeen(frozenset({"node0", "node1"}))]
+
+
+# --- GMS server death --------------------------------------------------------------------------------------------
+def test_gms_lost_while_the_writer_serves_fails_it_over_to_a_parked_shadow():
+    lost = {"node1": "/shadowline/demo/gms_lost/node1"}
+    actions = republish_weights(view(slot(0, 3), slot(1, 1), gms_lost=lost), DriverMemory(holder="engine-0"))
+    assert kinds(actions) == ["Record:gms-republish", "Declare", "ClearGmsLost"]
+    assert actions[1] == Declare(0, 3, "gms-republish")
+    assert actions[2] == ClearGmsLost(("/shadowline/demo/gms_lost/node1",))
+
+
+def test_gms_lost_without_a_parked_shadow_leaves_serving_alone():
+    lost = {"node0": "k"}
+    actions = republish_weights(view(slot(0, 1), slot(1, 1, FAILED), gms_lost=lost), DriverMemory(holder="engine-0"))
+    assert kinds(actions) == ["Record:gms-degraded", "ClearGmsLost"]
+    assert republish_weights(view(slot(0, 1)), DriverMemory()) == []
+
+
+def test_gms_lost_while_the_writer_relaunches_already():
+    actions = republish_weights(view(slot(0, 2, LAUNCHING), gms_lost={"node0": "k"}), DriverMemory())
+    assert kinds(actions) == ["Record:gms-republish", "ClearGmsLost"]
+
+
+def test_active_record_parses():
+    assert Active(1, 2, T0).cohort == 1
+    assert isinstance(BeginPromotion(promotion()).promotion, Promotion)
+    assert RecordActive(1, 2, None).promote_s is None and NodeMemory().ranks == {}
+    assert ProbePromotion() == ProbePromotion()
