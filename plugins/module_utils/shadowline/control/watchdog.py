@@ -89,7 +89,6 @@ def _flag(argv: list[str], name: str) -> str | None:
 @dataclass
 class Target:
     leader: bool
-    standin: bool
     node_rank: int
     engine_id: str
     health_url: str | None
@@ -102,7 +101,6 @@ class Target:
     def of(cls, argv: list[str]) -> Target:
         leader = "--headless" not in argv
         engine = next((b for b in BACKENDS.values() if b.runs(argv)), None)
-        standin = engine is not None and engine.name == "standin"
         node_rank = int(_flag(argv, "--node-rank") or 0)
         engine_id = os.environ.get("ENGINE_ID", "0")
         host = os.environ.get("DYN_SYSTEM_HOST", "").strip() or "127.0.0.1"
@@ -110,7 +108,7 @@ class Target:
         health = f"http://{host}:{port}/health" if leader and port.isdigit() else None
         heartbeat = engine.progress_file(progress_dir(), engine_id, node_rank) if engine else None
         address = host if leader else _flag(argv, "--master-addr")
-        return cls(leader, standin, node_rank, engine_id, health, heartbeat, address,
+        return cls(leader, node_rank, engine_id, health, heartbeat, address,
                    int(port) if port.isdigit() else None, _flag(argv, "--served-model-name"))
 
 

@@ -42,8 +42,8 @@ from ..control.cohort_state import leader_view
 from ..control.etcd_client import Etcd, EtcdError
 from ..control.events import read_events
 from ..deployment.plan import Plan
-from ..drill.faults import DrillError
-from .load import Load
+from .faults import DrillError
+from ..slurm.load import Load
 
 FAULTS = {
     "kill-worker": ("kill", "last"),
