@@ -32,25 +32,20 @@ def unit_status(unit: str) -> dict[str, Any]:
             "pid": int(props.get("MainPID", "0") or 0)}
 
 
-def _plan(plan: Plan | dict[str, Any]) -> Plan:
-    return Plan.from_dict(plan) if isinstance(plan, dict) else plan
-
-
-def leader_base(plan: Plan | dict[str, Any], cohort: int) -> str:
+def leader_base(plan: Plan, cohort: int) -> str:
     """The cohort leader's system server (``DYN_SYSTEM_HOST:DYN_SYSTEM_PORT``): /health, /metrics."""
-    return _plan(plan).cohort(cohort).system_url
+    return plan.cohort(cohort).system_url
 
 
-def leader_view(plan: Plan | dict[str, Any], cohort: int, timeout: float = 0.5) -> EngineFailoverView | None:
+def leader_view(plan: Plan, cohort: int, timeout: float = 0.5) -> EngineFailoverView | None:
     """The leader's failover view (state, entered time, counters), None when it does not answer."""
-    typed = _plan(plan)
-    answer = http_get(typed.cohort(cohort).system_url + "/metrics", timeout)
+    answer = http_get(plan.cohort(cohort).system_url + "/metrics", timeout)
     if answer is None or answer[0] != 200:
         return None
-    return engine_failover_view(answer[1]).get(str(typed.cohort(cohort).engine_id))
+    return engine_failover_view(answer[1]).get(str(plan.cohort(cohort).engine_id))
 
 
-def leader_state(plan: Plan | dict[str, Any], cohort: int, timeout: float = 0.5) -> str | None:
+def leader_state(plan: Plan, cohort: int, timeout: float = 0.5) -> str | None:
     view = leader_view(plan, cohort, timeout)
     return view.state if view else None
 
@@ -60,19 +55,18 @@ def lock_holder(lock_path: str) -> str | None:
     return read_holder(lock_path) if is_locked(lock_path) else None
 
 
-def rank_states(plan: Plan | dict[str, Any], host: str, health_timeout_s: float = 1.0,
+def rank_states(plan: Plan, host: str, health_timeout_s: float = 1.0,
                 heartbeat_stall_s: float = 3.0) -> list[dict[str, Any]]:
     """One entry per cohort rank on ``host``. A leader is ``wedged`` when /health gave no 200 for
     ``health_timeout_s`` (the probe waits that long), a rank when its progress signal stood still for
     ``heartbeat_stall_s`` since its start: the agent's judgement (policy.HangPolicy) with the same settings."""
-    typed = _plan(plan)
     hang = HangPolicy(health_timeout_s=health_timeout_s, progress_stall_s=heartbeat_stall_s)
     states = []
-    for cohort in typed.cohorts:
+    for cohort in plan.cohorts:
         rank = next((r for r in cohort.ranks if r.host == host), None)
         if rank is None:
             continue
-        unit = typed.unit_name("engine", cohort.cohort)
+        unit = plan.unit_name("engine", cohort.cohort)
         props = unit_properties(unit, "ActiveState", "MainPID", "ExecMainStartTimestampMonotonic")
         pid = int(props.get("MainPID", "0") or 0)
         entry: dict[str, Any] = {
@@ -81,16 +75,16 @@ def rank_states(plan: Plan | dict[str, Any], host: str, health_timeout_s: float 
             "ports": asdict(cohort.ports),
         }
         started = monotonic_to_unix(props.get("ExecMainStartTimestampMonotonic", "0")) or 0.0
-        progress = typed.engine.progress_mtime(typed.lock_dir, cohort.engine_id, rank.node_rank)
+        progress = plan.engine.progress_mtime(plan.lock_dir, cohort.engine_id, rank.node_rank)
         progress_silent = silence(progress, started, time.time())
         if props.get("ActiveState") not in ("active", "activating", "deactivating") or not pid:
             entry["state"] = "dead"
         elif hang.judge(progress_silent, None):
             entry["state"] = "wedged"
         elif rank.leader:
-            entry.update(_leader_state(typed, cohort.cohort, rank, hang))
+            entry.update(_leader_state(plan, cohort.cohort, rank, hang))
         else:  # a headless rank shows progress only through its progress signal, when its backend has one
-            signal = typed.engine.progress_file(typed.lock_dir, cohort.engine_id, rank.node_rank) is not None
+            signal = plan.engine.progress_file(plan.lock_dir, cohort.engine_id, rank.node_rank) is not None
             entry["state"] = "starting" if signal and progress_silent is None else "running"
         states.append(entry)
     return states

@@ -38,7 +38,6 @@ from urllib.parse import urlsplit
 
 from ..deployment.plan import Plan
 from .etcd_client import Etcd, EtcdError
-from .proc import listening_ports  # noqa: F401 (callers read discovery.listening_ports; it lives in proc.py)
 
 PREFIX = "v1/"
 INSTANCES = "v1/instances/"
@@ -150,7 +149,7 @@ def _split(address: str | None) -> tuple[str | None, int | None]:
 
 # -- cohorts -------------------------------------------------------------------------------------------- #
 
-def cohort_registrations(etcd: Etcd, plan: Plan | dict[str, Any], cohort: int,
+def cohort_registrations(etcd: Etcd, plan: Plan, cohort: int,
                          ports: Iterable[int] = ()) -> list[Registration]:
     """The registrations of ``cohort``'s leader.
 
@@ -159,9 +158,8 @@ def cohort_registrations(etcd: Etcd, plan: Plan | dict[str, Any], cohort: int,
     leader's processes listen on, for callers on that node: exact for the stand-in too). Registrations of
     another model are never matched.
     """
-    typed = Plan.from_dict(plan)  # a dict plan until every caller holds the typed one
-    entry = typed.cohort(cohort)
-    return worker_registrations(etcd, entry.leader.address, entry.ports.system, ports, typed.model_id)
+    entry = plan.cohort(cohort)
+    return worker_registrations(etcd, entry.leader.address, entry.ports.system, ports, plan.model_id)
 
 
 def worker_registrations(etcd: Etcd, address: str, system_port: int | None = None, ports: Iterable[int] = (),

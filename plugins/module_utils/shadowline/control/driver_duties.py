@@ -22,13 +22,12 @@ from .actions import (Action, AgentBack, AgentLost, AgentsSeen, BeginPromotion, 
                       RecordActive, RevokeRegistration, SetHolder, SwapSlot)
 from .cohort_state import leader_view, lock_holder
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
-from .discovery import listening_ports
 from .etcd_client import EtcdError
 from .lock import parse_holder
 from .memory import DriverMemory, NodeMemory, Promotion
 from .observe import HealthAnswer
 from .policy import RelaunchPolicy
-from .proc import cgroup_pids
+from .proc import cgroup_pids, listening_ports
 from .view import DeploymentView, Now
 
 LAUNCH_TIMEOUT_S = 300.0  # a launched generation whose leader never gets healthy is declared failed

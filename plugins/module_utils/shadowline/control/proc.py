@@ -119,6 +119,7 @@ class ProcStat:
     """Fields of /proc/<pid>/stat: the state letter (R, S, D, T stopped, Z zombie, ...) and the start time in
     clock ticks since boot (with the pid, it names a process: a pid the kernel reused has another start)."""
     state: str
+    process_group: int
     start_ticks: int
 
 
@@ -130,7 +131,7 @@ def proc_stat(pid: int) -> ProcStat | None:
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 on
-    return ProcStat(state=fields[0], start_ticks=int(fields[19]))
+    return ProcStat(state=fields[0], process_group=int(fields[2]), start_ticks=int(fields[19]))
 
 
 def start_ticks(pid: int) -> int | None:
@@ -140,9 +141,19 @@ def start_ticks(pid: int) -> int | None:
 
 
 def stopped(pid: int) -> bool:
-    """The process is stopped (SIGSTOP: state T)."""
+    """The process is stopped (SIGSTOP: state T; traced: t): it cannot act on a signal until resumed."""
     stat = proc_stat(pid)
-    return bool(stat and stat.state == "T")
+    return bool(stat and stat.state in ("T", "t"))
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``."""
+    members = []
+    for pid in pids():
+        stat = proc_stat(pid)
+        if stat is not None and stat.state != "Z" and stat.process_group == pgid:
+            members.append(pid)
+    return members
 
 
 def running(pid: int) -> bool:

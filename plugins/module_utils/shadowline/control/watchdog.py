@@ -47,6 +47,7 @@ from . import discovery
 from .etcd_client import Etcd, EtcdError
 from .http import http_get
 from .policy import HangPolicy
+from .proc import group_members, listening_ports, stopped
 
 HANG_EXIT = 124
 EVENT_PREFIX = "SHADOWLINE_EVENT "
@@ -171,22 +172,6 @@ class HeartbeatProbe:
 
 # -- the child ------------------------------------------------------------------------------------------ #
 
-def group_members(pgid: int) -> list[int]:
-    """Live processes of process group ``pgid`` (from /proc)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
-
-
 def kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -196,15 +181,6 @@ def kill_group(pgid: int) -> None:
 
 def exit_status(code: int) -> int:
     return 128 - code if code < 0 else code
-
-
-def frozen(pid: int) -> bool:
-    """True when the process is stopped (SIGSTOP, or traced): it cannot act on a signal until resumed."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except OSError:
-        return False
 
 
 def revoke_registration(target: Target, ports: set[int]) -> list[int]:
@@ -226,7 +202,7 @@ def teardown(target: Target, child: subprocess.Popen, event: str, reason: str, r
     """Kill the rank's process group at once and revoke its registration; log and emit ``event``."""
     started = time.time()
     log(f"{event}: {reason}; killing process group {child.pid} and revoking its discovery registration")
-    ports = discovery.listening_ports(group_members(child.pid)) if revoke and target.leader else set()
+    ports = listening_ports(group_members(child.pid)) if revoke and target.leader else set()
     kill_group(child.pid)
     revoked = revoke_registration(target, ports) if revoke else []
     child.wait()
@@ -308,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             # Stopping: a frozen rank cannot act on the signal, and one that outlives its grace is hung too.
             forwarded_at = forwarded_at or now
             grace = args.term_grace if signal.SIGTERM in forwarded else args.stop_grace
-            if child.poll() is None and (frozen(child.pid) or now - forwarded_at > grace):
-                why = "frozen" if frozen(child.pid) else f"still running {grace:g} s after it"
+            if child.poll() is None and (stopped(child.pid) or now - forwarded_at > grace):
+                why = "frozen" if stopped(child.pid) else f"still running {grace:g} s after it"
                 teardown(target, child, "hang-detected",
                          f"asked to stop ({signal.Signals(forwarded[0]).name}) but {why}", not args.no_revoke)
                 return HANG_EXIT

@@ -77,7 +77,7 @@ def heartbeat_path(engine_id: str, rank: int, directory: str | None = None) -> s
 def fault_paths(engine_id: str, rank: int, directory: str | None = None) -> list[str]:
     """Control files a rank watches: one for itself, one for its whole engine on this host."""
     d = directory or state_dir()
-    return [os.path.join(d, f"fault-engine-{engine_id}-rank-{rank}"), os.path.join(d, f"fault-engine-{engine_id}")]
+    return [backends_standin.rank_fault_path(engine_id, rank, d), os.path.join(d, f"fault-engine-{engine_id}")]
 
 
 def on_peer_death() -> str:
