@@ -1,7 +1,7 @@
 """Dynamo's per-engine failover metrics: state machine, Prometheus text, persisted counters, parsing.
 
 Names, labels and semantics follow Dynamo 1.6.1 (``gpu_memory_service.failover_lock.failover_metrics``,
-see shared/reference/dynamo-contract.md):
+as Dynamo 1.6.1's engines export them):
 
 - ``dynamo_component_engine_failover_state{state}`` 1-hot over init|standby|waking|active
 - ``dynamo_component_engine_failover_state_entered_timestamp_seconds``

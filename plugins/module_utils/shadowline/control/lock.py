@@ -1,6 +1,6 @@
 """The failover lock: an flock on a file shared by the engines of one node.
 
-Same semantics as Dynamo's ``FlockFailoverLock`` (see shared/reference/dynamo-contract.md):
+Same semantics as Dynamo's ``FlockFailoverLock`` (Dynamo 1.6.1, ``dynamo.vllm``'s shadow mode):
 
 - ``acquire`` polls ``flock(LOCK_EX | LOCK_NB)`` every 0.1 s; once it wins it truncates the file,
   writes ``engine-<id>`` (no newline) and keeps the descriptor open. The kernel releases the lock

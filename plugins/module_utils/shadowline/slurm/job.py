@@ -26,7 +26,7 @@ from ..deployment.values import as_int
 from .options import SlurmOptions, parse_slurm_options
 
 PLACEHOLDER_RE = re.compile(r"@SL_ADDR_(\d+)@")
-SLURM_VARIABLES = ["gms_slurm"]  # the Slurm-only variables (to be listed in contract.KNOWN_VARIABLES)
+SLURM_VARIABLES = ["gms_slurm"]  # the Slurm-only variables (listed in contract.KNOWN_VARIABLES too)
 HOST_ONLY = ("gms_node_rank", "gms_node_address")
 WATCHDOG_MODULE = "shadowline.control.watchdog"
 NODE_TASKS_MODULE = "shadowline.slurm.node_tasks"

@@ -1,6 +1,6 @@
 """Stand-in engine rank: ``python -m shadowline.standin.engine`` in place of ``python -m dynamo.vllm``.
 
-Same argv and environment as the real engine (shared/reference/dynamo-contract.md); on CPU. One
+Same argv and environment as the real engine (Dynamo 1.6.1's ``dynamo.vllm``); on CPU. One
 process per node of a cohort: node-rank 0 is the leader (it runs the Dynamo worker and walks the
 shadow lifecycle), ranks started with ``--headless`` hold their weight shard and take part in the
 heartbeat collective only. Read top to bottom, the leader:
