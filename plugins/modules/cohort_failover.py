@@ -48,14 +48,18 @@ options:
     type: float
     default: 120
 attributes:
+  platform:
+    platforms: posix
   check_mode:
     support: full
     details: Says what it would do (the action and the slots before and after) and changes nothing.
   diff_mode:
     support: full
     details: The slots and the lock holder before, and as they are expected after.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 author:
-  - shadowline contributors
+  - shadowline contributors (@shadowline)
 """
 
 EXAMPLES = r"""

@@ -27,14 +27,17 @@ options:
     type: float
     default: 3.0
 attributes:
+  platform:
+    platforms: posix
   check_mode:
     support: full
   diff_mode:
     support: none
 extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
   - shadowline.gms.node_plan
 author:
-  - shadowline contributors
+  - shadowline contributors (@shadowline)
 """
 
 EXAMPLES = r"""

@@ -55,14 +55,23 @@ options:
     description: With I(state=stopped), the unix time to stop sending at (at most 60 s from now).
     type: float
 attributes:
+  platform:
+    platforms: posix
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
   check_mode:
     support: full
   diff_mode:
     support: none
   action:
     support: full
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 author:
-  - shadowline contributors
+  - shadowline contributors (@shadowline)
 """
 
 EXAMPLES = r"""

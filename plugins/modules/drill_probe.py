@@ -65,14 +65,17 @@ options:
     type: dict
     default: {}
 attributes:
+  platform:
+    platforms: posix
   check_mode:
     support: full
   diff_mode:
     support: none
 extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
   - shadowline.gms.node_plan
 author:
-  - shadowline contributors
+  - shadowline contributors (@shadowline)
 """
 
 EXAMPLES = r"""

@@ -58,6 +58,12 @@ options:
     description: Where to write the SVG instead.
     type: path
 attributes:
+  platform:
+    platforms: posix
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
   check_mode:
     support: full
     details: Computes and returns the report, writes no file.
@@ -65,8 +71,11 @@ attributes:
     support: none
   action:
     support: full
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 author:
-  - shadowline contributors
+  - shadowline contributors (@shadowline)
 """
 
 EXAMPLES = r"""

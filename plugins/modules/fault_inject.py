@@ -49,15 +49,18 @@ options:
     default: injected
     choices: [injected, restored]
 attributes:
+  platform:
+    platforms: posix
   check_mode:
     support: full
     details: Reports what it would do and does nothing.
   diff_mode:
     support: none
 extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
   - shadowline.gms.node_plan
 author:
-  - shadowline contributors
+  - shadowline contributors (@shadowline)
 """
 
 EXAMPLES = r"""

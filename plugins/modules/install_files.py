@@ -70,12 +70,16 @@ options:
         description: Its mode, e.g. C("0644"); unchanged when unset.
         type: raw
 attributes:
+  platform:
+    platforms: posix
   check_mode:
     support: full
   diff_mode:
     support: full
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 author:
-  - shadowline contributors
+  - shadowline contributors (@shadowline)
 """
 
 EXAMPLES = r"""

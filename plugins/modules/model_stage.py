@@ -104,6 +104,8 @@ requirements:
   - C(huggingface_hub>=0.23) on the node for C(hf://) sources.
   - The C(rsync) command on the node for C(rsync://) and C(rsync+ssh://) sources.
 attributes:
+  platform:
+    platforms: posix
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
@@ -112,6 +114,8 @@ attributes:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: Before/after manifest digest, revision and a file list summary.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 author:
   - shadowline contributors (!UNKNOWN)
 """

@@ -37,6 +37,12 @@ options:
     type: str
     default: shadowline_node
 attributes:
+  platform:
+    platforms: posix
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
   check_mode:
     support: full
   diff_mode:
@@ -45,8 +51,11 @@ attributes:
     support: full
 seealso:
   - module: shadowline.gms.preflight_facts
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 author:
-  - shadowline contributors
+  - shadowline contributors (@shadowline)
 """
 
 EXAMPLES = r"""

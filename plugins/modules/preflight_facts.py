@@ -43,14 +43,19 @@ options:
     type: raw
     default: shadowline
 attributes:
+  platform:
+    platforms: posix
   check_mode:
     support: full
   diff_mode:
     support: none
   facts:
     support: full
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
 author:
-  - shadowline contributors
+  - shadowline contributors (@shadowline)
 """
 
 EXAMPLES = r"""
