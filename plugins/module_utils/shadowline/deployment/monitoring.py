@@ -32,8 +32,10 @@ NATS_PROBE_MODULE = "nats_info"
 
 
 def monitoring_dir(plan: Plan) -> str:
-    """Prometheus's configuration: prometheus.yml, rules/, targets/, blackbox.yml."""
-    return f"{plan.config_dir}/prometheus"
+    """Prometheus's configuration: prometheus.yml, rules/, targets/, blackbox.yml. Beside Debian's
+    /etc/prometheus/prometheus.yml and readable by its prometheus user (an existing Prometheus, mode targets);
+    nothing in it is secret."""
+    return f"/etc/prometheus/shadowline-{plan.deployment}"
 
 
 def targets_dir(plan: Plan) -> str:
@@ -83,6 +85,8 @@ def scrape_configs(plan: Plan) -> list[dict[str, Any]]:
             "job_name": job,
             "file_sd_configs": [{"files": [f"{targets_dir(plan)}/{job}.json"]}],
         }
+        if job == "shadowline-agent":
+            config["honor_labels"] = True  # the agent's own deployment and node labels, not exported_*
         if job == "shadowline-nats":
             config["metrics_path"] = "/probe"
             config["params"] = {"module": [NATS_PROBE_MODULE]}
@@ -176,3 +180,27 @@ def _group(target: str, **labels: str) -> dict[str, Any]:
 
 def _url_host(address: str) -> str:
     return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+def role_view(plan: Plan) -> dict[str, Any]:
+    """Everything the monitoring role writes and starts, for the `shadowline.gms.monitoring` filter."""
+    settings = _settings(plan)
+    config_dir = monitoring_dir(plan)
+    return {
+        "mode": settings.mode,
+        "host": settings.host,
+        "url": prometheus_url(plan),
+        "config_dir": config_dir,
+        "targets_dir": targets_dir(plan),
+        "rules_dir": rules_dir(plan),
+        "data_dir": data_dir(plan),
+        "targets_files": [{"path": p, "content": c} for p, c in targets_files(plan).items()],
+        "server_files": [{"path": f"{config_dir}/prometheus.yml", "content": prometheus_config(plan)},
+                         {"path": f"{config_dir}/blackbox.yml", "content": blackbox_config()}],
+        "snippet_files": [{"path": f"{config_dir}/scrape-configs.json", "content": scrape_configs_snippet(plan)},
+                          {"path": f"{config_dir}/blackbox.yml", "content": blackbox_config()}],
+        "units": {
+            "prometheus": {"name": plan.unit_name("prometheus"), "content": prometheus_unit(plan)},
+            "blackbox": {"name": plan.unit_name("blackbox"), "content": blackbox_unit(plan)},
+        },
+    }
