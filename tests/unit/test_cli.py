@@ -115,3 +115,17 @@ def test_plan_and_render_slurm_from_the_checkout_scripts():
     render = subprocess.run([sys.executable, str(ROOT / "slurm" / "render"), "--help"], capture_output=True,
                             text=True, timeout=60)
     assert render.returncode == 0 and "--vars-json" in render.stdout
+
+
+def test_status_through_ansible_prints_a_plain_table():
+    """`shadowline status -i` (what `make status` runs): playbooks/status.yml on this machine (inventories/local,
+    nothing deployed here), its table printed as a person reads it, without JSON quoting."""
+    proc = subprocess.run([sys.executable, "-m", "shadowline.cli", "status", "-i", "inventories/local"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "plugins" / "module_utils")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:3] == ["cohort", "role", "node"] and set(lines[1]) <= {"-", " "}
+    assert [line.split()[:6] for line in lines[2:4]] == [["0", "primary", "local0", "0", "-", "dead"],
+                                                         ["1", "shadow", "local0", "0", "-", "dead"]]
+    assert lines[-1] == "lock holder: none (no cohort is serving)" and '"' not in proc.stdout

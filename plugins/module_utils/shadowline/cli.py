@@ -124,7 +124,29 @@ def cmd_status(args: argparse.Namespace) -> int:
         return local_status(args.plan, args.host)
     playbook = str(CHECKOUT / "playbooks" / "status.yml") if in_checkout() else "shadowline.gms.status"
     argv = [ansible_tool("ansible-playbook"), "-i", args.inventory, playbook]
-    return subprocess.run(argv, cwd=CHECKOUT if in_checkout() else None, env=ansible_env()).returncode
+    env = {**ansible_env(), "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
+    run = subprocess.run(argv, cwd=CHECKOUT if in_checkout() else None, env=env, capture_output=True, text=True)
+    lines = status_lines(run.stdout)
+    if run.returncode != 0 or not lines:
+        print(run.stdout + run.stderr, file=sys.stderr)
+    for line in lines:
+        print(line)
+    return run.returncode or (0 if lines else 1)
+
+
+STATUS_TASK = "TASK [Print the status table]"
+
+
+def status_lines(output: str) -> list[str]:
+    """The table lines of playbooks/status.yml, out of the default callback's output (its debug message)."""
+    start = output.rfind(STATUS_TASK)
+    if start < 0 or "=> {" not in output[start:]:
+        return []
+    try:
+        result, _ = json.JSONDecoder().raw_decode(output, output.index("=> {", start) + 3)
+    except ValueError:
+        return []
+    return [str(line) for line in result.get("msg", [])] if isinstance(result.get("msg"), list) else []
 
 
 def local_status(plan_path: str, host: str | None) -> int:
@@ -133,9 +155,8 @@ def local_status(plan_path: str, host: str | None) -> int:
     from .control.status_table import render_table
     from .deployment.plan import Plan
     plan = Plan.load(plan_path)
-    data = plan.to_dict()
     host = host or next((n.host for n in plan.nodes if n.host == os.uname().nodename), plan.leader_node.host)
-    ranks = rank_states(data, host, plan.failover.health_timeout_s, plan.failover.heartbeat_stall_s)
+    ranks = rank_states(plan.to_dict(), host, plan.failover.health_timeout_s, plan.failover.heartbeat_stall_s)
     holder = lock_holder(plan.lock_path) if any(r["leader"] for r in ranks) else None
     print(render_table(ranks, holder, f"{plan.model_id}@{plan.revision[:12]}"))
     return 0
