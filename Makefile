@@ -42,7 +42,7 @@ deploy: runtime ## site.yml on the testbed (make testbed-up first)
 	$(BIN)/ansible-playbook -i inventories/testbed playbooks/site.yml
 
 status: setup ## the status table of the testbed deployment
-	$(BIN)/ansible-playbook -i inventories/testbed playbooks/status.yml
+	PYTHONPATH=plugins/module_utils $(BIN)/python -m shadowline.cli status -i inventories/testbed
 
 teardown: setup ## remove the testbed deployment (keeps the testbed)
 	$(BIN)/ansible-playbook -i inventories/testbed playbooks/teardown.yml

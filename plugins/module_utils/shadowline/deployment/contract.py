@@ -61,6 +61,15 @@ DEFAULT_FAILOVER: dict[str, Any] = {
     "max_relaunch_attempts": 5,  # consecutive quick failures before the slot is marked dead
     "stable_after_s": 30.0,  # a generation that ran this long resets the attempt count
 }
+DEFAULT_MONITORING: dict[str, Any] = {
+    "mode": "server",  # server: Prometheus on `host`; targets: only the file_sd targets there; none: nothing
+    "host": None,  # default: the first infra host (the leader node when gms_infra is empty)
+    "port": 9090,  # Prometheus's web port (its HTTP API) on the host's address
+    "blackbox_port": 9115,  # the blackbox exporter that probes NATS, on 127.0.0.1 of the host
+    "scrape_interval_s": 5,
+    "retention_days": 15,
+}
+MONITORING_MODES = ["server", "targets", "none"]
 DEFAULT_COHORTS = 2
 DEFAULT_PYTHON = "/opt/shadowline/{deployment}/venv/bin/python"
 STATE_DIR = "/var/lib/shadowline/{deployment}"  # etcd and NATS data, the frontend's HOME, event logs
@@ -82,6 +91,7 @@ KNOWN_VARIABLES = [
     "gms_socket_dir", "gms_lock_path", "gms_python", "gms_service_user", "gms_memory", "gms_frontend_bind",
     "gms_model_allow_unpinned", "gms_model_allow_pickle", "gms_model_verify", "gms_model_hf_token_file",
     "gms_failover", "gms_slurm",
+    "gms_monitoring",
 ]
 # Shared variables must be the same on every node of a deployment.
 SHARED_VARIABLES = [v for v in KNOWN_VARIABLES if v not in ("gms_node_rank", "gms_node_address")]
@@ -147,6 +157,17 @@ class Failover:
 
 
 @dataclass(frozen=True)
+class Monitoring:
+    mode: str  # server | targets | none
+    host: str  # the inventory host that runs Prometheus (server) or holds the targets files (targets)
+    address: str  # that host's address: Prometheus listens there
+    port: int
+    blackbox_port: int
+    scrape_interval_s: int
+    retention_days: int
+
+
+@dataclass(frozen=True)
 class Node:
     host: str
     rank: int
@@ -172,6 +193,7 @@ class Contract:
     allow_unpinned: bool = False
     allow_pickle: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    monitoring: Monitoring | None = None
 
     @property
     def leader(self) -> Node:
@@ -260,6 +282,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         _check_model_policy(read, model, allow_unpinned, allow_pickle)
 
     infra = _parse_infra(read, hostvars, nodes, infra_hosts or [])
+    monitoring = _parse_monitoring(read, shared.get("gms_monitoring"), nodes, infra)
     frontend_bind = shared.get("gms_frontend_bind")
     if frontend_bind is not None and not (isinstance(frontend_bind, str) and frontend_bind.strip()):
         read.problem("gms_frontend_bind", f"must be an address, got {describe(frontend_bind)}.",
@@ -279,6 +302,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         service_user=service_user, memory=memory, frontend_bind=str(frontend_bind or infra[0].address),
         failover=failover,
         allow_unpinned=bool(allow_unpinned), allow_pickle=bool(allow_pickle),
+        monitoring=monitoring,
     )
     return contract, problems
 
@@ -503,6 +527,35 @@ def _parse_infra(read: Reader, hostvars: dict[str, dict[str, Any]], nodes: list[
         address = values.get("gms_node_address") or values.get("ansible_host") or host
         infra.append(Node(host=host, rank=-1, address=str(address)))
     return infra
+
+
+def _parse_monitoring(read: Reader, value: Any, nodes: list[Node] | None,
+                      infra: list[Node] | None) -> Monitoring | None:
+    """gms_monitoring: where Prometheus runs (or only its targets files are written) for this deployment."""
+    values = read.mapping("gms_monitoring", value, DEFAULT_MONITORING)
+    mode = read.choice("gms_monitoring.mode", values["mode"], MONITORING_MODES)
+    port = read.integer("gms_monitoring.port", values["port"], minimum=1024, maximum=65535, example=9090)
+    blackbox = read.integer("gms_monitoring.blackbox_port", values["blackbox_port"], minimum=1024, maximum=65535,
+                            example=9115)
+    interval = read.integer("gms_monitoring.scrape_interval_s", values["scrape_interval_s"], minimum=1,
+                            maximum=300, example=5)
+    retention = read.integer("gms_monitoring.retention_days", values["retention_days"], minimum=1, maximum=3650,
+                             example=15)
+    hosts = {n.host: n for n in [*(infra or []), *(nodes or [])]}
+    host = values["host"] if values["host"] is not None else (infra[0].host if infra else None)
+    if host is not None and (not isinstance(host, str) or (hosts and host not in hosts)):
+        read.problem("gms_monitoring.host", f"is {describe(host)}, not a host of gms_nodes or gms_infra.",
+                     f"set gms_monitoring.host to one of {', '.join(hosts) or 'the deployment hosts'}, "
+                     "or leave it unset for the first infra host.")
+        return None
+    if None in (mode, port, blackbox, interval, retention) or host not in hosts:
+        return None
+    if port == blackbox:
+        read.problem("gms_monitoring.blackbox_port", f"is {port}, the same as gms_monitoring.port.",
+                     "give Prometheus and the blackbox exporter different ports (defaults 9090 and 9115).")
+        return None
+    return Monitoring(mode=mode, host=host, address=hosts[host].address, port=port, blackbox_port=blackbox,
+                      scrape_interval_s=interval, retention_days=retention)
 
 
 PATH_EXAMPLES = {

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..backends import Backend, backend
 from ..backends.standin import gpu_uuids
-from .contract import CONFIG_DIR, STATE_DIR, Contract, Failover, Node, Ports
+from .contract import CONFIG_DIR, STATE_DIR, Contract, Failover, Monitoring, Node, Ports
 from .ports import CohortPorts, cohort_ports
 
 FRONTEND_MIGRATION_LIMIT = 3
@@ -101,6 +101,7 @@ class Plan:
     cohorts: tuple[CohortPlan, ...]
     python: str  # the runtime's interpreter on every node (engines, GMS server, frontend, agent)
     extra: dict[str, Any] = field(default_factory=dict)  # keys a newer plan carries that this code does not know
+    monitoring: Monitoring | None = None  # gms_monitoring: Prometheus's host and settings (deployment/monitoring.py)
 
     # --- the one boundary: data for Ansible (the gms_plan fact, plan.json) and back ---------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -251,6 +252,7 @@ def _plan_from_dict(data: dict[str, Any]) -> Plan:
         gms_servers=gms_servers, cohorts=tuple(_cohort_from_dict(c) for c in data["cohorts"]),
         python=data.get("python") or gms_servers[0].argv[0],
         extra={k: v for k, v in data.items() if k not in known},
+        monitoring=Monitoring(**_known(Monitoring, data["monitoring"])) if data.get("monitoring") else None,
     )
 
 
@@ -269,7 +271,7 @@ def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str
         failover=contract.failover, model_id=contract.model.id,
         model_dir=contract.model.local_dir, revision=contract.model.revision, socket_dir=contract.socket_dir,
         lock_path=contract.lock_path, nodes=contract.nodes, infra=infra, gms_servers=gms_servers, cohorts=cohorts,
-        python=contract.python,
+        python=contract.python, monitoring=contract.monitoring,
     )
 
 

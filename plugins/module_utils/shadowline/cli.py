@@ -1,0 +1,277 @@
+"""The `shadowline` command: the library's tools for a person at a terminal.
+
+  shadowline plan INVENTORY [--json]      the cohort plan of an inventory: every rank, its ports and command line
+  shadowline render-slurm -i INVENTORY    a ready-to-submit sbatch script (what slurm/render does)
+  shadowline drill-report FILE            the table and SVG timeline of a drill report (playbooks/drill.yml)
+  shadowline status [-i INVENTORY]        the status table from live state (what playbooks/status.yml prints)
+  shadowline completion bash              a bash completion script: eval "$(shadowline completion bash)"
+
+Installed with the package (`pip install .`: the console script `shadowline`); scripts/show-plan and
+slurm/render in a checkout call it. Subcommands that read an inventory run Ansible (ansible, ansible-playbook
+beside this interpreter or on PATH) with the checkout's ansible.cfg when there is one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+from .deployment.plan import Plan
+
+PROG = "shadowline"
+CHECKOUT = Path(__file__).resolve().parents[3]  # plugins/module_utils/shadowline/cli.py in a checkout
+
+
+# -- Ansible, when a subcommand reads an inventory ------------------------------------------------------------ #
+
+def in_checkout() -> bool:
+    return (CHECKOUT / "galaxy.yml").exists() and (CHECKOUT / "ansible.cfg").exists()
+
+
+def ansible_tool(name: str) -> str:
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if not found:
+        raise SystemExit(f"{PROG}: {name} is not installed (pip install ansible-core, and the shadowline.gms "
+                         "collection, or run it from a shadowline checkout after `make setup`)")
+    return found
+
+
+def ansible_env() -> dict[str, str]:
+    env = {**os.environ, "ANSIBLE_NOCOLOR": "1"}
+    if in_checkout() and "ANSIBLE_CONFIG" not in os.environ:
+        env["ANSIBLE_CONFIG"] = str(CHECKOUT / "ansible.cfg")
+    return env
+
+
+def plan_of(inventory: str) -> dict:
+    """The plan as shadowline.gms.cohort_plan computes it: Ansible templates the inventory, no host is contacted."""
+    run = subprocess.run([ansible_tool("ansible"), "-i", inventory, "gms_nodes[0]", "-o", "-m",
+                          "shadowline.gms.cohort_plan"], capture_output=True, text=True,
+                         cwd=CHECKOUT if in_checkout() else None, env=ansible_env())
+    try:  # one line per host: "<host> | SUCCESS => {...}"
+        result = json.loads(run.stdout.split(" => ", 1)[1])
+    except (ValueError, IndexError):
+        raise SystemExit(f"{PROG} plan: ansible failed:\n{run.stdout}{run.stderr}") from None
+    if result.get("failed"):
+        raise SystemExit(result.get("msg", "the cohort plan failed"))
+    return result["plan"]
+
+
+# -- subcommands ---------------------------------------------------------------------------------------------- #
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    plan = plan_of(args.inventory)
+    if args.json:
+        print(json.dumps(plan, indent=2))
+        return 0
+    for line in plan_lines(plan):
+        print(line)
+    return 0
+
+
+def plan_lines(data: dict) -> list[str]:
+    plan = Plan.from_dict(data)
+    lines = [f"deployment {plan.deployment}: backend {plan.backend}, "
+             f"model {plan.model_id}@{plan.revision[:12]}, lock {plan.lock_path}"]
+    infra = plan.infra
+    lines.append(f"infra: etcd {infra.etcd_endpoints}  nats {infra.nats_server}  frontend {infra.frontend_url}")
+    for cohort in plan.cohorts:
+        p = cohort.ports
+        lines.append(f"cohort {cohort.cohort} ({cohort.role}, ENGINE_ID={cohort.engine_id}) "
+                     f"master {p.master} system {p.system} nixl {p.nixl}")
+        for rank in cohort.ranks:
+            kind = "leader" if rank.leader else "headless"
+            lines.append(f"  {rank.host} rank {rank.node_rank} ({kind}): {rank.process.command_line()}")
+    monitoring = plan.monitoring
+    if monitoring and monitoring.mode != "none":
+        lines.append(f"monitoring: {monitoring.mode} on {monitoring.host} "
+                     f"(Prometheus http://{monitoring.address}:{monitoring.port})")
+    return lines
+
+
+def cmd_render_slurm(args: argparse.Namespace) -> int:
+    from .slurm import render
+    return render.run(args)
+
+
+def cmd_drill_report(args: argparse.Namespace) -> int:
+    from .drill.report import render_timeline_table
+    from .drill.svg import render_svg
+    path = Path(args.file)
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"{PROG} drill-report: cannot read {path}: {err}") from None
+    for line in render_timeline_table(report):
+        print(line)
+    evidence = report.get("evidence") or {}
+    if args.svg != "-" and "requests" in evidence:
+        svg = Path(args.svg) if args.svg else path.with_suffix(".svg")
+        svg.write_text(render_svg(report, evidence["requests"], evidence.get("nodes") or []))
+        print(f"timeline: {svg}")
+    return 0 if report.get("passed", True) else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if args.plan:
+        return local_status(args.plan, args.host)
+    playbook = str(CHECKOUT / "playbooks" / "status.yml") if in_checkout() else "shadowline.gms.status"
+    argv = [ansible_tool("ansible-playbook"), "-i", args.inventory, playbook]
+    env = {**ansible_env(), "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
+    run = subprocess.run(argv, cwd=CHECKOUT if in_checkout() else None, env=env, capture_output=True, text=True)
+    lines = status_lines(run.stdout)
+    if run.returncode != 0 or not lines:
+        print(run.stdout + run.stderr, file=sys.stderr)
+    for line in lines:
+        print(line)
+    return run.returncode or (0 if lines else 1)
+
+
+STATUS_TASK = "TASK [Print the status table]"
+
+
+def status_lines(output: str) -> list[str]:
+    """The table lines of playbooks/status.yml, out of the default callback's output (its debug message)."""
+    start = output.rfind(STATUS_TASK)
+    if start < 0 or "=> {" not in output[start:]:
+        return []
+    try:
+        result, _ = json.JSONDecoder().raw_decode(output, output.index("=> {", start) + 3)
+    except ValueError:
+        return []
+    return [str(line) for line in result.get("msg", [])] if isinstance(result.get("msg"), list) else []
+
+
+def local_status(plan_path: str, host: str | None) -> int:
+    """This node's rows, read here without Ansible (on a node: the plan.json the agent role writes)."""
+    from .control.cohort_state import lock_holder, rank_states
+    from .control.status_table import render_status_table
+    from .deployment.plan import Plan
+    plan = Plan.load(plan_path)
+    host = host or next((n.host for n in plan.nodes if n.host == os.uname().nodename), plan.leader_node.host)
+    ranks = rank_states(plan, host, plan.failover.health_timeout_s, plan.failover.heartbeat_stall_s)
+    holder = lock_holder(plan.lock_path) if any(r["leader"] for r in ranks) else None
+    print(render_status_table(ranks, holder, f"{plan.model_id}@{plan.revision[:12]}"))
+    return 0
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    print(bash_completion(build_parser()))
+    return 0
+
+
+def bash_completion(parser: argparse.ArgumentParser) -> str:
+    """A bash completion function from the parser itself: subcommands, then each one's options and files."""
+    subcommands = _subparsers(parser)
+    cases = []
+    for name, sub in subcommands.items():
+        options = sorted(o for action in sub._actions for o in action.option_strings)
+        cases.append(f'    {name}) opts="{" ".join(options)}" ;;')
+    return "\n".join([
+        "# bash completion for shadowline: eval \"$(shadowline completion bash)\"",
+        "_shadowline() {",
+        '  local cur="${COMP_WORDS[COMP_CWORD]}" opts',
+        "  if [ \"$COMP_CWORD\" -eq 1 ]; then",
+        f'    COMPREPLY=($(compgen -W "{" ".join(subcommands)} --help" -- "$cur")); return',
+        "  fi",
+        '  case "${COMP_WORDS[1]}" in',
+        *cases,
+        "    *) opts=\"\" ;;",
+        "  esac",
+        '  if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "$opts" -- "$cur"));',
+        '  else COMPREPLY=($(compgen -f -- "$cur")); fi',
+        "}",
+        "complete -o filenames -F _shadowline shadowline",
+    ])
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+# -- the parser ----------------------------------------------------------------------------------------------- #
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="shadowline: shadow-engine failover for GPU clusters (NVIDIA Dynamo GMS), without Kubernetes.",
+        epilog="Each subcommand has its own --help. Deploying, drills and failovers are playbooks "
+               "(ansible-playbook -i INVENTORY playbooks/site.yml ...): see README.md.")
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, func: Callable[[argparse.Namespace], int], summary: str, description: str
+            ) -> argparse.ArgumentParser:
+        sub = subs.add_parser(name, help=summary, description=description,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub.set_defaults(func=func)
+        return sub
+
+    plan = add("plan", cmd_plan, "print the cohort plan of an inventory",
+               "Print the cohort plan of an inventory: the deployment, its infra endpoints, and one line per rank of "
+               "every cohort with its ports and exact command line.\nAnsible reads and templates the inventory and "
+               "shadowline.gms.cohort_plan builds the plan; no host is contacted.")
+    plan.add_argument("inventory", metavar="INVENTORY", help="inventory file or directory (as for ansible-playbook -i)")
+    plan.add_argument("--json", action="store_true", help="print the whole plan as JSON (the gms_plan fact)")
+
+    slurm = add("render-slurm", cmd_render_slurm, "render a ready-to-submit sbatch script",
+                "Render a ready-to-submit Slurm batch script of a deployment from its inventory (slurm/render does "
+                "the same).\nThe inventory is read with `ansible-inventory --list` when it is installed, else with "
+                "PyYAML (YAML inventories with group_vars/ and host_vars/); \"{{ ... }}\" values are templated "
+                "with Jinja2 as Ansible would for simple expressions. No host is contacted: the nodes come from the "
+                "Slurm allocation; only the number of hosts in the group (or gms_engine.nnodes) and the "
+                "deployment's variables are used. Exit status 1 lists every problem.")
+    source = slurm.add_mutually_exclusive_group(required=True)
+    source.add_argument("--inventory", "-i", help="inventory file or directory (as for ansible-playbook -i)")
+    source.add_argument("--vars-json", help="the deployment's gms_* values as JSON (templated by Ansible)")
+    slurm.add_argument("--hosts", type=int, default=1, help="with --vars-json: hosts in the group (the node count "
+                       "unless gms_engine.nnodes is set)")
+    slurm.add_argument("--group", default="gms_nodes", help="the inventory group of the deployment "
+                       "(default gms_nodes)")
+    out = slurm.add_mutually_exclusive_group()
+    out.add_argument("--out", "-o", help="the script to write (default: <job name>.sbatch in the current directory)")
+    out.add_argument("--out-dir", help="write <job name>.sbatch into this directory")
+    slurm.add_argument("--no-ansible", action="store_true",
+                       help="read the inventory with PyYAML even if Ansible is installed")
+
+    drill = add("drill-report", cmd_drill_report, "table and SVG timeline of a drill report",
+                "Print the timeline table of a drill report (the JSON playbooks/drill.yml writes with "
+                "-e drill_report=PATH) and draw its SVG timeline beside it. Exit status 1 when the drill failed.")
+    drill.add_argument("file", metavar="FILE", help="the drill report (JSON)")
+    drill.add_argument("--svg", help="where to write the SVG (default: FILE with .svg; - for none)")
+
+    status = add("status", cmd_status, "the status table from live state",
+                 "One table from live state: cohort, role, node, rank, pid, state (parked / waking / active / wedged "
+                 "/ dead), lock holder, ports, model.\nWith -i: every node, through Ansible (playbooks/status.yml). "
+                 "With --plan: this node only, read here (on a node: /etc/shadowline/<deployment>/plan.json).")
+    where = status.add_mutually_exclusive_group()
+    where.add_argument("-i", "--inventory", default="inventories/testbed" if in_checkout() else None,
+                       help="inventory (default in a checkout: inventories/testbed, the testbed deployment)")
+    where.add_argument("--plan", help="a plan.json: read this node's ranks without Ansible")
+    status.add_argument("--host", help="with --plan: the node's inventory name (default: this host's name)")
+
+    completion = add("completion", cmd_completion, "print a shell completion script",
+                     'Print a completion script for the shell: eval "$(shadowline completion bash)", or save it as '
+                     "/etc/bash_completion.d/shadowline.")
+    completion.add_argument("shell", choices=["bash"], help="the shell (bash)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "status" and not args.plan and not args.inventory:
+        raise SystemExit(f"{PROG} status: give -i INVENTORY or --plan PLAN.json")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

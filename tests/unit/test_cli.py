@@ -1,0 +1,131 @@
+"""The `shadowline` command, run from an installed copy of the package (pip install --target), as a user has it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shadowline.drill.report import compute_report
+from shadowline.deployment.contract import parse_contract
+from shadowline.deployment.plan import build_plan
+
+from .helpers import hostvars
+
+ROOT = Path(__file__).resolve().parents[2]
+SUBCOMMANDS = ["plan", "render-slurm", "drill-report", "status", "completion"]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package built from a copy of the checkout and installed into a directory of its own."""
+    tmp = tmp_path_factory.mktemp("cli")
+    source = tmp / "src"
+    (source / "plugins").mkdir(parents=True)
+    shutil.copytree(ROOT / "plugins" / "module_utils", source / "plugins" / "module_utils",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    target = tmp / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                           "--target", str(target), str(source)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (target / "bin" / "shadowline").exists()
+    return target
+
+
+def shadowline(installed: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(installed)}  # the installed copy only, not the checkout
+    return subprocess.run([str(installed / "bin" / "shadowline"), *args], capture_output=True, text=True,
+                          env=env, cwd=cwd or installed, timeout=120)
+
+
+def test_help_of_the_command_and_of_every_subcommand(installed: Path):
+    top = shadowline(installed, "--help")
+    assert top.returncode == 0, top.stderr
+    for name in SUBCOMMANDS:
+        assert name in top.stdout
+    for name in SUBCOMMANDS:
+        sub = shadowline(installed, name, "--help")
+        assert sub.returncode == 0, sub.stderr
+        assert sub.stdout.startswith(f"usage: shadowline {name}"), sub.stdout
+    located = shadowline(installed, "plan", "--help")
+    assert "no host is contacted" in located.stdout
+    assert shadowline(installed, "nonsense").returncode == 2
+
+
+def test_the_installed_copy_is_the_one_that_runs(installed: Path):
+    code = "import shadowline.cli, sys; print(shadowline.cli.__file__)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(installed)}, cwd=installed)
+    assert proc.stdout.startswith(str(installed)), proc.stdout
+
+
+def test_bash_completion_is_valid_bash_and_knows_the_subcommands(installed: Path, tmp_path: Path):
+    proc = shadowline(installed, "completion", "bash")
+    assert proc.returncode == 0, proc.stderr
+    script = tmp_path / "shadowline.bash"
+    script.write_text(proc.stdout)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    probe = (f'source {script}; COMP_WORDS=(shadowline dr); COMP_CWORD=1; _shadowline; echo "${{COMPREPLY[@]}}"; '
+             f'COMP_WORDS=(shadowline plan --j); COMP_CWORD=2; _shadowline; echo "${{COMPREPLY[@]}}"')
+    lines = subprocess.run(["bash", "-c", probe], capture_output=True, text=True).stdout.splitlines()
+    assert lines == ["drill-report", "--json"], lines
+
+
+def test_drill_report_prints_the_table_and_draws_the_timeline(installed: Path, tmp_path: Path):
+    evidence = json.loads((ROOT / "tests" / "unit" / "data" / "drills" / "kill-leader.json").read_text())
+    report = compute_report(evidence)
+    report["evidence"] = evidence  # what playbooks/drill.yml writes with -e drill_report=PATH
+    path = tmp_path / "kill-leader.json"
+    path.write_text(json.dumps(report))
+    proc = shadowline(installed, "drill-report", str(path))
+    assert proc.returncode == (0 if report["passed"] else 1), proc.stderr
+    assert "promot" in proc.stdout.lower()
+    svg = tmp_path / "kill-leader.svg"
+    assert svg.read_text().startswith("<svg") and f"timeline: {svg}" in proc.stdout
+    assert shadowline(installed, "drill-report", str(tmp_path / "missing.json")).returncode != 0
+
+
+def test_status_of_this_node_from_a_plan_file(installed: Path, tmp_path: Path):
+    """Nothing of the deployment runs on this machine: every rank is reported dead, none holds the lock."""
+    hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16}, gms_deployment="clitest")
+    contract, problems = parse_contract(hv, hosts)
+    assert contract is not None, problems
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(build_plan(contract).to_dict()))
+    proc = shadowline(installed, "status", "--plan", str(plan), "--host", "node0")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if "node0" in line]
+    assert len(rows) == 2 and all("dead" in row for row in rows), proc.stdout
+
+
+def test_plan_and_render_slurm_from_the_checkout_scripts():
+    """scripts/show-plan and slurm/render are the same command (they call shadowline.cli)."""
+    show = subprocess.run([sys.executable, str(ROOT / "scripts" / "show-plan"), "inventories/local"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert show.returncode == 0, show.stderr
+    assert show.stdout.startswith("deployment local: backend standin")
+    assert "monitoring: server on local0 (Prometheus http://127.0.0.1:9090)" in show.stdout
+    render = subprocess.run([sys.executable, str(ROOT / "slurm" / "render"), "--help"], capture_output=True,
+                            text=True, timeout=60)
+    assert render.returncode == 0 and "--vars-json" in render.stdout
+
+
+def test_status_through_ansible_prints_a_plain_table():
+    """`shadowline status -i` (what `make status` runs): playbooks/status.yml on this machine (inventories/local,
+    nothing deployed here), its table printed as a person reads it, without JSON quoting."""
+    proc = subprocess.run([sys.executable, "-m", "shadowline.cli", "status", "-i", "inventories/local"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "plugins" / "module_utils")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:3] == ["cohort", "role", "node"] and set(lines[1]) <= {"-", " "}
+    assert [line.split()[:6] for line in lines[2:4]] == [["0", "primary", "local0", "0", "-", "dead"],
+                                                         ["1", "shadow", "local0", "0", "-", "dead"]]
+    assert lines[-1] == "lock holder: none (no cohort is serving)" and '"' not in proc.stdout
