@@ -38,7 +38,8 @@ class ActionModule(ActionBase):
         if problems:
             result.update(failed=True, msg=format_problems(problems))
             return result
-        assert outcome.plan is not None
+        if not (outcome.plan is not None):
+            raise AssertionError("unreachable: checked above")
         result["plan"] = outcome.plan.to_dict()
         result["msg"] = (f"preflight passed for deployment {outcome.plan.deployment}: "
                          f"{len(node_hosts)} node(s), {len(outcome.plan.cohorts)} cohort(s), "

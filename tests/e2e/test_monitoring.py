@@ -148,8 +148,8 @@ def active_cohorts(url: str) -> list[str]:
     return sorted(r["metric"]["cohort"] for r in result)
 
 
-def test_a_killed_leader_moves_the_active_state_to_the_other_cohort(monitored: Monitored,
-                                                                     request: pytest.FixtureRequest):
+def test_a_killed_leader_moves_the_active_state_to_the_other_cohort(
+        monitored: Monitored, request: pytest.FixtureRequest):
     if not monitored.steps.get("up"):
         pytest.fail("needs the first test of this file, which did not pass")
     wait_for("cohort 0 active", lambda: active_cohorts(monitored.url) == ["0"], 60)

@@ -447,4 +447,3 @@ def test_engine_gate_refuses_a_node_whose_model_differs(bed: Bed):
     assert fixed.rc == 0, fixed.tail()
     assert_all_ready(fixed, bed.digest_a)
     figure(f"engine gate refused ({gate.seconds} s for preflight + base + gate); node1 restaged in {fixed.seconds} s")
-

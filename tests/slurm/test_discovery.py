@@ -50,6 +50,7 @@ def test_records_cohort_match_and_revoke_timing(procs, infra, tiny_model, tmp_pa
     plan = loopback_plan(MODEL, str(tiny_model), etcd=infra.etcd)
     ports = [c["ports"]["system"] for c in plan["cohorts"]]
     workers = [mocker(procs, infra, f"cohort-{c}", tiny_model, ports[c]) for c in (0, 1)]
+
     def complete() -> list[discovery.Registration] | None:
         regs = [r for r in discovery.registrations(etcd) if r.model_name == MODEL]
         done = len(regs) == 2 and all(r.system_address and r.request_address and len(r.keys) >= 8 for r in regs)

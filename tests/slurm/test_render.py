@@ -197,4 +197,3 @@ def test_watchdog_timeouts_come_from_gms_failover(tmp_path):
     script = render(tmp_path, shared).read_text()
     assert "--health-timeout 4 \\\n" in script and "--heartbeat-stall 5 \\\n" in script
     assert "--term-grace 0.5 \\\n" in script and "--stop-grace 30 \\\n" in script
-

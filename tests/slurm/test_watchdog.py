@@ -157,11 +157,12 @@ def test_standin_cohort_leader_hang(procs, infra, tiny_model, short_dir, tmp_pat
                              PYTHONPATH=str(LIB))
     ranks = []
     for rank in (0, 1):
+        engine = harness.engine_argv(tiny_model, "tiny", tp=2, nnodes=2, rank=rank, master_port=master)
         argv = [str(harness.RUNTIME_PY), "-m", "shadowline.control.watchdog", "--health-timeout", "3",
-                "--heartbeat-stall", "3", "--", *harness.engine_argv(tiny_model, "tiny", tp=2, nnodes=2, rank=rank,
-                                                                       master_port=master)]
-        ranks.append(procs.start(f"rank-{rank}", argv, {**env, "SHADOWLINE_STANDIN_GPUS": GPUS[rank],
-                                                         "SHADOWLINE_COHORT": "0", "SHADOWLINE_NODE_RANK": str(rank)}))
+                "--heartbeat-stall", "3", "--", *engine]
+        rank_env = {**env, "SHADOWLINE_STANDIN_GPUS": GPUS[rank], "SHADOWLINE_COHORT": "0",
+                    "SHADOWLINE_NODE_RANK": str(rank)}
+        ranks.append(procs.start(f"rank-{rank}", argv, rank_env))
     ranks[0].wait_log("[Shadow] Engine awake, registering with discovery", 30)
     ranks[0].wait_log("passed: watching it", 10)
     ranks[1].wait_log("appeared: watching it", 10)

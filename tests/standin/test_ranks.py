@@ -53,8 +53,8 @@ def cohort(procs, model, short_dir, tmp_path, runtime):
                         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(harness.free_port())}
             if rank == 0:
                 rank_env["DYN_SYSTEM_PORT"] = str(port)
-            ranks.append(procs.start(f"rank-{rank}", harness.engine_argv(model, "tiny", tp=2, nnodes=2, rank=rank,
-                                                                        master_port=master), rank_env))
+            argv = harness.engine_argv(model, "tiny", tp=2, nnodes=2, rank=rank, master_port=master)
+            ranks.append(procs.start(f"rank-{rank}", argv, rank_env))
         ranks[0].wait_log("[Shadow] Engine paused, startup probe now passing, waiting for lock", 20)
         ranks[1].wait_log("headless rank 1 of engine 0 running", 5)
         return ranks[0], ranks[1], port, lock_path, held.release

@@ -67,8 +67,8 @@ def test_managed_flag_in_extra_args_is_refused():
 
 
 def facts(**overrides):
-    base = {"listening": [], "gpus": None, "python": {"exists": True, "modules": {"dynamo.vllm": True,
-                                                                                    "gpu_memory_service": True}},
+    modules = {"dynamo.vllm": True, "gpu_memory_service": True}
+    base = {"listening": [], "gpus": None, "python": {"exists": True, "modules": modules},
             "lock_dir": {"path": "/run/x", "exists": False, "existing_ancestor": "/run", "ancestor_is_dir": True,
                          "fstype": "tmpfs", "mountpoint": "/run", "read_only": False},
             "manifest_weight_bytes": None}

@@ -177,7 +177,8 @@ class Executor:
     # --- the driver ----------------------------------------------------------------------------------------------
     def perform_driver(self, action: Action) -> None:  # noqa: C901 (one branch per kind of action, flat)
         driver = self.driver
-        assert driver is not None, f"{type(action).__name__} is a driver's action; this agent is no driver"
+        if not (driver is not None):
+            raise AssertionError(f"{type(action).__name__} is a driver's action; this agent is no driver")
         if isinstance(action, SwapSlot):
             self.swap(action, driver)
         elif isinstance(action, RevokeRegistration):

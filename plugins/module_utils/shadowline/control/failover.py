@@ -62,8 +62,8 @@ def plan_failover(plan: Plan, cohort: int, mode: str) -> dict[str, Any]:
     elif slot.state in (RUNNING, LAUNCHING):
         if mode == "planned" and cohort == serving and not parked:
             raise FailoverError(f"cohort {cohort} serves and no shadow is parked to take over: a planned failover "
-                             "would stop serving until the relaunch. Fix: wait for a parked shadow "
-                             "(playbooks/status.yml), or use mode=forced")
+                                "would stop serving until the relaunch. Fix: wait for a parked shadow "
+                                "(playbooks/status.yml), or use mode=forced")
         action = "fail over"
         after[cohort] = (Slot(cohort=cohort, generation=slot.generation, state=FAILED,
                               reason=f"{mode}-failover"), 0)
@@ -94,7 +94,7 @@ def run_failover(plan: Plan, cohort: int, mode: str, host: str, wait: bool = Tru
     elif planned["action"] == "fail over":
         if coord.declare_failed(cohort, slot.generation, reason, host) is None:
             raise FailoverError(f"cohort {cohort} generation {slot.generation} was declared failed by someone else "
-                             "(or changed) just now; run it again")
+                                "(or changed) just now; run it again")
         failed_generation = slot.generation
     else:
         failed_generation = slot.generation

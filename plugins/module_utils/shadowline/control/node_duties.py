@@ -158,8 +158,6 @@ def gms_exited(now: Now) -> list[Action]:
     return [Record("gms-lost"), ReportGmsLost(now.wall)]
 
 
-
-
 # --- the duties, in the order a tick needs them -------------------------------------------------------------------
 class NodeDuties:
     def __init__(self, plan: Plan, host: str, memory: NodeMemory, execute: Callable[[list[Action]], None]) -> None:

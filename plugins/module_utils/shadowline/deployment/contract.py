@@ -294,8 +294,10 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
 
     if problems:
         return None, problems
-    assert deployment and model and engine and cohorts and ports and memory and nodes and infra and failover
-    assert socket_dir and lock_path and python and service_user is not None
+    if not (deployment and model and engine and cohorts and ports and memory and nodes and infra and failover):
+        raise AssertionError("unreachable: checked above")
+    if not (socket_dir and lock_path and python and service_user is not None):
+        raise AssertionError("unreachable: checked above")
     contract = Contract(
         deployment=deployment, nodes=tuple(nodes), infra_hosts=tuple(infra), model=model, engine=engine,
         cohorts=cohorts, ports=ports, socket_dir=socket_dir, lock_path=lock_path, python=python,
@@ -446,7 +448,8 @@ def _parse_engine(read: Reader, value: Any, node_count: int) -> Engine | None:
                              f"remove it from extra_args; it comes from {MANAGED_FLAGS[flag]}.")
     if None in (backend, tp, nnodes, gpus, lease) or extra is None:
         return None
-    assert backend is not None and tp is not None and nnodes is not None and gpus is not None and lease is not None
+    if not (backend is not None and tp is not None and nnodes is not None and gpus is not None and lease is not None):
+        raise AssertionError("unreachable: checked above")
     return Engine(backend=backend, tensor_parallel_size=tp, nnodes=nnodes, gpus_per_node=gpus,
                   extra_args=tuple(extra), lease_ttl_s=lease)
 

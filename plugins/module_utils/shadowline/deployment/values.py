@@ -12,7 +12,6 @@ from typing import Any
 from .problems import Problem
 
 
-
 class Reader:
     """Reads fields of one mapping, recording a Problem for each bad value."""
 
@@ -158,5 +157,3 @@ def suggest(name: str, known: list[str], where: str) -> str:
     if close:
         return f"did you mean {close[0]!r}? Rename it, or remove it."
     return f"remove it; {where} takes {', '.join(sorted(known))}."
-
-

@@ -43,7 +43,7 @@ def engine_processes(plan: Plan) -> dict[str, dict[str, Any]]:
             if ticks is not None:
                 processes.append({"pid": pid, "start": ticks, "cmd": " ".join(command_line(pid))[:160]})
         result[str(cohort)] = {"unit": unit, "main_pid": status["pid"],
-                                         "active": status["active_state"], "processes": processes}
+                               "active": status["active_state"], "processes": processes}
     return result
 
 

@@ -540,8 +540,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"all ranks gone    {_fmt(report['teardown_s'])}" + (f"  ({teardown})" if teardown else ""),
         f"lock taken        {_fmt(report.get('lock_s'))}",
         f"promotion         {_fmt(report['promote_s'])}"
-        + (f"  (cohort {report['promoted_cohort']}" + (f", active at {report['active_s']:.3f} s" if
-                                                          report["active_s"] is not None else "")
+        + (f"  (cohort {report['promoted_cohort']}"
+           + (f", active at {report['active_s']:.3f} s" if report["active_s"] is not None else "")
            + "; verified: registered, served a completion)" if report["promoted_cohort"] is not None else ""),
         f"first ok request  {_fmt(report['first_ok_s'])}",
         f"failed requests   {report['failed_before_promotion']} before promotion, "

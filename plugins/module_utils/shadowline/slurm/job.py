@@ -128,8 +128,10 @@ def build_job_plan(shared: dict[str, Any], inventory_hosts: int) -> tuple[Plan |
 
 # -- the script's parts ------------------------------------------------------------------------------------- #
 
-def job_context(shared: dict[str, Any], inventory_hosts: int = 1, source: str = "") -> tuple[dict[str, Any] | None,
-                                                                                         list[Problem]]:
+JobContext = tuple[dict[str, Any] | None, list[Problem]]
+
+
+def job_context(shared: dict[str, Any], inventory_hosts: int = 1, source: str = "") -> JobContext:
     """Everything slurm/job.sbatch.j2 renders, or (None, problems)."""
     plan, options, problems = build_job_plan(shared, inventory_hosts)
     if plan is None or options is None:
@@ -329,4 +331,3 @@ def _wrap(words: list[str], width: int = 100) -> list[str]:
     if current:
         lines.append(current)
     return lines
-

@@ -155,9 +155,12 @@ def parse_slurm_options(value: Any, deployment: str, backend: str | None, engine
 
     if len(problems) > start:
         return None
-    assert exclusive is not None and runtime and mounts is not None and modules is not None and job_name and output
-    assert node_dir and lead is not None and ready is not None and model_check is not None and extra is not None
-    assert stop_grace is not None and gpus is not None
+    if not (exclusive is not None and runtime and mounts is not None and modules is not None and job_name and output):
+        raise AssertionError("unreachable: checked above")
+    if not (node_dir and lead is not None and ready is not None and model_check is not None and extra is not None):
+        raise AssertionError("unreachable: checked above")
+    if not (stop_grace is not None and gpus is not None):
+        raise AssertionError("unreachable: checked above")
     return SlurmOptions(
         partition=partition, account=account, qos=qos, time=time_limit, exclusive=exclusive,
         gpus_per_node=gpus or None, cpus_per_task=cpus, container_image=image.strip() if image else None,

@@ -308,7 +308,8 @@ class Collective:
             self._kick.clear()
 
     def _run_peer(self) -> None:
-        assert self.leader is not None
+        if not (self.leader is not None):
+            raise AssertionError("unreachable: checked above")
         waited = 0.0
         while True:
             try:

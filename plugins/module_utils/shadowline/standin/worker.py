@@ -81,7 +81,9 @@ def http_get(url: str, timeout: float) -> tuple[int, dict[str, str], bytes]:
 
 def etcd_has_key_suffix(endpoints: str, prefix: str, suffix: str, timeout: float = 1.0) -> bool | None:
     """Whether etcd has a key under ``prefix`` ending in ``suffix`` (v3 JSON gateway); None if unknown."""
-    b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
+    def b64(text: str) -> str:
+        return base64.b64encode(text.encode()).decode()
+
     end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
     body = json.dumps({"key": b64(prefix), "range_end": b64(end), "keys_only": True}).encode()
     for ep in [e.strip().rstrip("/") for e in endpoints.split(",") if e.strip()]:
@@ -198,7 +200,8 @@ class Worker:
 
     def wait_registered(self, timeout: float, stop: threading.Event) -> bool:
         """Until the worker's generate endpoint is ready and its model card is in discovery."""
-        assert self.proc is not None
+        if not (self.proc is not None):
+            raise AssertionError("unreachable: checked above")
         deadline = time.monotonic() + timeout
         etcd = os.environ.get("ETCD_ENDPOINTS", "")
         phase = "health"
