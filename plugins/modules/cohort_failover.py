@@ -160,7 +160,8 @@ def main() -> None:
         module.fail_json(msg=f"cohort {p['cohort']}: no {' and no '.join(result.get('waiting_for', []))} within "
                              f"{p['timeout_s']:.0f} s; the agents' events say why (playbooks/status.yml)",
                          changed=changed, **result)
-    module.exit_json(changed=changed, diff=diff if module._diff else None, **result)
+    result.update(changed=changed, diff=diff if module._diff else None)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -144,8 +144,8 @@ def main() -> None:
     try:
         if p["state"] == "restored":
             result = restore(plan, p["host"], p["fault"], p["cohort"], p["pids"])
-            module.exit_json(changed=result.pop("changed"), action="; ".join(result["done"]) or "nothing to undo",
-                             **result)
+            result["action"] = "; ".join(result["done"]) or "nothing to undo"
+            module.exit_json(**result)
         result = inject(plan, p["host"], p["fault"], p["cohort"], p["at"], p["cut_s"])
     except DrillError as err:
         module.fail_json(msg=str(err))

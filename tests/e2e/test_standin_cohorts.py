@@ -280,7 +280,7 @@ def first_completion(d: Deployment, since: float, attempts: list[tuple[float, in
     for attempt in range(RETRY_REQUESTS):
         if time.monotonic() - since > RETRY_SECONDS:
             return
-        status, _ = d.chat(timeout=5.0)
+        status, _unused = d.chat(timeout=5.0)
         attempts.append((round(time.monotonic() - since, 3), status))
         if status == 200:
             return

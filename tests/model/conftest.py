@@ -204,7 +204,7 @@ def run_playbook(collections_path: Path, tmp_path: Path):
         play_tasks = []
         for name, task in tasks:
             play_tasks.append(dict(task, name=name, register=f"r_{name}"))
-        collected = "{" + ", ".join(f"'{name}': r_{name}" for name, _ in tasks) + "}"
+        collected = "{" + ", ".join(f"'{name}': r_{name}" for name, _unused in tasks) + "}"
         play_tasks.append(
             {
                 "name": "collect",

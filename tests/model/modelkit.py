@@ -99,7 +99,7 @@ class FakeHub:
         return f"http://127.0.0.1:{self.port}"
 
     def downloads(self) -> list[str]:
-        return [path for method, path, _ in self.requests if method == "GET" and "/resolve/" in path]
+        return [path for method, path, _unused in self.requests if method == "GET" and "/resolve/" in path]
 
     def _resolve(self, rev: str) -> str | None:
         rev = self.branches.get(rev, rev)

@@ -39,7 +39,7 @@ def test_hf_stage_pinned_revision(fake_hub, tmp_path: Path, token_file: Path):
         if rel != "shadowline-manifest.json":
             assert (local / rel).read_bytes() == files[rel]
     # every request carried the token from the file; only the selected files were downloaded
-    assert all(auth == f"Bearer {fake_hub.token}" for _, _, auth in fake_hub.requests)
+    assert all(auth == f"Bearer {fake_hub.token}" for _unused1, _unused2, auth in fake_hub.requests)
     downloaded = sorted(p.rsplit("/", 1)[-1] for p in fake_hub.downloads())
     assert downloaded == sorted(r.rsplit("/", 1)[-1] for r in staged if r != "shadowline-manifest.json")
     assert all(f"/resolve/{REV}/" in p for p in fake_hub.downloads())

@@ -74,4 +74,4 @@ def test_module_hf_source_with_token_file(run_playbook, fake_hub, tmp_path: Path
     assert res["status"] == "Ready" and res["files"] == 7
     assert (local / MANIFEST_NAME).exists()
     assert fake_hub.token not in run.stdout + run.stderr + json.dumps(run.result)
-    assert fake_hub.downloads() and all(auth == f"Bearer {fake_hub.token}" for _, _, auth in fake_hub.requests)
+    assert fake_hub.downloads() and all(auth == f"Bearer {fake_hub.token}" for _unused1, _unused2, auth in fake_hub.requests)

@@ -24,7 +24,7 @@ def test_rate_and_eta_with_throttling():
     clock = Clock()
     seen = []
     tracker = ProgressTracker("download", 1000, 4, seen.append, interval=1.0, clock=clock)
-    for _ in range(4):
+    for _unused in range(4):
         clock.t += 0.5
         tracker.add_bytes(100)
     tracker.file_done()

@@ -52,7 +52,7 @@ def test_killed_mid_copy_then_resume(inventory, tmp_path: Path):
         [sys.executable, "-c", KILLER, str(MODULE_UTILS), json.dumps(inventory)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=60, check=False
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     spec = spec_from_inventory(inventory)

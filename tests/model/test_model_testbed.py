@@ -143,7 +143,7 @@ class Playbook:
             rc = -9
         self.reader.join(timeout=10)
         seconds = round(time.monotonic() - self.start, 2)
-        return Run(rc, "\n".join(line for _, line in self.lines), seconds, list(self.lines))
+        return Run(rc, "\n".join(line for _unused, line in self.lines), seconds, list(self.lines))
 
 
 def playbook(name: str, *extra: str | Path, args: tuple[str, ...] = ()) -> Run:
@@ -288,8 +288,8 @@ def _rate(last: str) -> tuple[float, float]:
 
 def throughput(table: dict[str, dict[str, str]]) -> str:
     parts = {h: _rate(r["last"]) for h, r in table.items()}
-    total_mib = sum(m for m, _ in parts.values())
-    slowest = max(s for _, s in parts.values())
+    total_mib = sum(m for m, _unused in parts.values())
+    slowest = max(s for _unused, s in parts.values())
     per_host = ", ".join(f"{h} {m / s:.0f} MiB/s" for h, (m, s) in sorted(parts.items()))
     return f"{total_mib:.1f} MiB onto {len(parts)} hosts in {slowest:.2f} s = {total_mib / slowest:.0f} MiB/s ({per_host})"
 

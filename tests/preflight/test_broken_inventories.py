@@ -38,7 +38,7 @@ def run_preflight(inventory: Path) -> subprocess.CompletedProcess[str]:
            "ANSIBLE_FORCE_COLOR": "0", "PYTHONWARNINGS": "ignore"}
     bindir = Path(sys.executable).parent
     return subprocess.run([str(bindir / "ansible-playbook"), "-i", str(inventory), "playbooks/preflight.yml"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
 def snapshot() -> set[str]:

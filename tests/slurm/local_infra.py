@@ -5,16 +5,19 @@ Free ports, bounded waits and a local etcd are tests/loopback.py's.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 
-from ..loopback import HOST, start_etcd  # noqa: F401  (start_etcd: tests/unit/test_coordination.py imports it from here)
+from shadowline.deployment.plan import Plan
+
+from ..loopback import HOST
 
 
 def free_port_run(count: int, low: int = 20000, high: int = 28999) -> int:
     """The first of ``count`` consecutive ports that are free on loopback (for system_base + cohort)."""
     import random
     rng = random.Random()
-    for _ in range(200):
+    for _unused in range(200):
         base = rng.randint(low, high - count)
         ok = True
         for port in range(base, base + count):
@@ -30,8 +33,8 @@ def free_port_run(count: int, low: int = 20000, high: int = 28999) -> int:
 
 
 def loopback_plan(model_id: str, model_dir: str, cohorts: int = 2, backend: str = "dynamo_vllm",
-                  etcd: str | None = None, **extra) -> dict:
-    """The cohort plan (dict form) of a one-node deployment on 127.0.0.1 with free system ports."""
+                  etcd: str | None = None, **extra) -> Plan:
+    """The cohort plan of a one-node deployment on 127.0.0.1 with free system ports (etcd: the loopback one)."""
     from shadowline.deployment.contract import parse_contract
     from shadowline.deployment.plan import build_plan
 
@@ -45,7 +48,7 @@ def loopback_plan(model_id: str, model_dir: str, cohorts: int = 2, backend: str 
     }
     contract, problems = parse_contract({"local0": values}, ["local0"])
     assert contract is not None, problems
-    plan = build_plan(contract).to_dict()
+    plan = build_plan(contract)
     if etcd:
-        plan["infra"]["etcd_endpoints"] = etcd
+        plan = dataclasses.replace(plan, infra=dataclasses.replace(plan.infra, etcd_endpoints=etcd))
     return plan

@@ -15,10 +15,10 @@ import signal
 import statistics
 import time
 
-import pytest
 
 from shadowline.control import discovery
 from shadowline.control.etcd_client import Etcd
+from shadowline.control.proc import listening_ports
 from shadowline.slurm.load import Load
 
 from ..standin import harness
@@ -48,7 +48,7 @@ def test_records_cohort_match_and_revoke_timing(procs, infra, tiny_model, tmp_pa
     etcd = Etcd(infra.etcd)
     forget_everyone(etcd)
     plan = loopback_plan(MODEL, str(tiny_model), etcd=infra.etcd)
-    ports = [c["ports"]["system"] for c in plan["cohorts"]]
+    ports = [c.ports.system for c in plan.cohorts]
     workers = [mocker(procs, infra, f"cohort-{c}", tiny_model, ports[c]) for c in (0, 1)]
 
     def complete() -> list[discovery.Registration] | None:
@@ -75,7 +75,7 @@ def test_records_cohort_match_and_revoke_timing(procs, infra, tiny_model, tmp_pa
     for c in (0, 1):
         found = discovery.cohort_registrations(etcd, plan, c)
         assert len(found) == 1 and found[0].system_address == f"127.0.0.1:{ports[c]}"
-        listening = discovery.listening_ports(session_pids(procs, workers[c]))
+        listening = listening_ports(session_pids(procs, workers[c]))
         assert found[0].ports <= listening
         assert [r.lease for r in discovery.cohort_registrations(etcd, plan, c, ports=listening)] == [found[0].lease]
 
@@ -126,13 +126,13 @@ def test_standin_cohorts_need_ports_or_a_snapshot(procs, infra, tiny_model, shor
     lock_path = tmp_path / "failover.lock"
     procs.start("gms", [str(harness.RUNTIME_PY), "-m", "shadowline.standin.gms_server"],
                 {"PATH": os.environ["PATH"], "GMS_SOCKET_DIR": str(short_dir), "SHADOWLINE_STANDIN_GPUS": GPU})
-    harness.wait_until(lambda: (short_dir / "gms_ready").exists(), 10, what="gms_ready")
+    harness.wait_until((short_dir / "gms_ready").exists, 10, what="gms_ready")
     env = harness.dynamo_env(infra, GMS_SOCKET_DIR=str(short_dir), SHADOWLINE_STANDIN_GPUS=GPU,
                              FAILOVER_LOCK_PATH=str(lock_path), DYN_VLLM_GMS_SHADOW_MODE="true")
 
     def engine(c: int) -> harness.Proc:
         return procs.start(f"engine-{c}", harness.engine_argv(tiny_model, MODEL),
-                           {**env, "ENGINE_ID": str(c), "DYN_SYSTEM_PORT": str(plan["cohorts"][c]["ports"]["system"])})
+                           {**env, "ENGINE_ID": str(c), "DYN_SYSTEM_PORT": str(plan.cohort(c).ports.system)})
 
     e0 = engine(0)
     e0.wait_log("[Shadow] Engine awake, registering with discovery", 30)
@@ -141,13 +141,13 @@ def test_standin_cohorts_need_ports_or_a_snapshot(procs, infra, tiny_model, shor
     before = discovery.registrations(etcd)
     assert len(before) == 1, "only the lock holder is registered"
     reg0 = before[0]
-    assert reg0.system_address != f"127.0.0.1:{plan['cohorts'][0]['ports']['system']}"  # the worker's own port
+    assert reg0.system_address != f"127.0.0.1:{plan.cohort(0).ports.system}"  # the worker's own port
     # Records alone: no cohort can be told (the stand-in's worker port is in no plan).
     assert discovery.cohort_registrations(etcd, plan, 0) == []
     # The ports cohort 0's processes listen on single it out.
-    ports0 = discovery.listening_ports(session_pids(procs, e0))
+    ports0 = listening_ports(session_pids(procs, e0))
     assert [r.lease for r in discovery.cohort_registrations(etcd, plan, 0, ports=ports0)] == [reg0.lease]
-    assert discovery.cohort_registrations(etcd, plan, 1, ports=discovery.listening_ports(session_pids(procs, e1))) == []
+    assert discovery.cohort_registrations(etcd, plan, 1, ports=listening_ports(session_pids(procs, e1))) == []
 
     # Failover: the lease snapshot taken when cohort 1 woke names its registration; the dead one is revoked.
     e0.signal_group(signal.SIGKILL)
@@ -160,7 +160,7 @@ def test_standin_cohorts_need_ports_or_a_snapshot(procs, infra, tiny_model, shor
     assert discovery.revoke_leases(etcd, [reg0.lease]) == [reg0.lease]
     assert discovery.wait_unregistered(etcd, [reg0.lease], 1.0)
     assert [r.lease for r in discovery.registrations(etcd)] == [woke[0].lease]
-    for _ in range(5):
+    for _unused in range(5):
         lease = etcd.lease_grant(30)
         etcd.put(f"v1/instances/x/y/z/{lease:x}", "{}", lease=lease)
         started = time.perf_counter()

@@ -137,7 +137,7 @@ def processes(host: str) -> list[str]:
 
 def test_script_passes_bash_n_and_shellcheck(job):
     subprocess.run(["bash", "-n", str(job["script"])], check=True)
-    proc = subprocess.run(["shellcheck", str(job["script"])], capture_output=True, text=True)
+    proc = subprocess.run(["shellcheck", str(job["script"])], capture_output=True, text=True, check=False)
     assert proc.returncode == 0 and proc.stdout == "", proc.stdout
 
 
@@ -172,7 +172,7 @@ def test_kill_worker_rank_tears_down_the_primary_and_the_shadow_serves(job):
     assert len(after) == len(before["cohort_0"]) + 1 and after[-1]["step_id"] != before["cohort_0"][-1]["step_id"]
     kinds = [e["event"] for e in result["events"]]
     assert {"step-ended", "relaunched", "promoted", "parked"} <= set(kinds)
-    status, _ = complete("http://198.18.3.10:8000", "shadowline/tiny-llama", timeout=10)
+    status, _unused = complete("http://198.18.3.10:8000", "shadowline/tiny-llama", timeout=10)
     assert status == 200
 
 

@@ -16,7 +16,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
 
 from shadowline.control import discovery, lock
 from shadowline.control.etcd_client import Etcd
@@ -62,7 +61,7 @@ def alive(pid: int) -> bool:
 
 def test_exit_status_passes_through():
     proc = watchdog("--", sys.executable, "-c", "raise SystemExit(3)")
-    _, err = proc.communicate(timeout=20)
+    _unused, err = proc.communicate(timeout=20)
     assert proc.returncode == 3
     assert [e["event"] for e in events(err)] == ["rank-started", "rank-exited"]
     proc = watchdog("--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
@@ -102,7 +101,7 @@ def test_health_stall_kills_the_process_group(tmp_path):
     time.sleep(0.5)  # the watchdog has seen a 200: armed
     os.kill(leader, signal.SIGSTOP)
     frozen = time.monotonic()
-    _, err = proc.communicate(timeout=20)
+    _unused, err = proc.communicate(timeout=20)
     took = time.monotonic() - frozen
     assert proc.returncode == HANG_EXIT
     assert 1.4 < took < 4.0, f"detected after {took:.2f} s"
@@ -116,7 +115,7 @@ def test_frozen_rank_asked_to_stop_is_killed(tmp_path):
     os.kill(leader, signal.SIGSTOP)
     asked = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=20)
+    _unused, err = proc.communicate(timeout=20)
     assert proc.returncode == HANG_EXIT and time.monotonic() - asked < 2.0
     assert not alive(leader) and not alive(sub)
     assert "but frozen" in events(err)[-1]["detail"]["reason"]
@@ -125,7 +124,7 @@ def test_frozen_rank_asked_to_stop_is_killed(tmp_path):
 def test_term_grace_0_kills_at_once_and_sigint_still_stops_in_order(tmp_path):
     proc, leader, sub = start_fake_leader(tmp_path, "--term-grace", "0")
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=20)
+    _unused, err = proc.communicate(timeout=20)
     assert proc.returncode == 128 + 9  # the rank did not get to stop cleanly: it was killed
     assert not alive(leader) and not alive(sub)
     assert [e["event"] for e in events(err)][-2:] == ["killed-on-term", "rank-exited"]
@@ -149,7 +148,7 @@ def test_standin_cohort_leader_hang(procs, infra, tiny_model, short_dir, tmp_pat
     procs.start("gms", [str(harness.RUNTIME_PY), "-m", "shadowline.standin.gms_server"],
                 {"PATH": os.environ["PATH"], "GMS_SOCKET_DIR": str(short_dir),
                  "SHADOWLINE_STANDIN_GPUS": ",".join(GPUS)})
-    harness.wait_until(lambda: (short_dir / "gms_ready").exists(), 10, what="gms_ready")
+    harness.wait_until((short_dir / "gms_ready").exists, 10, what="gms_ready")
     lock_path = tmp_path / "failover.lock"
     master, system = free_port(), free_port()
     env = harness.dynamo_env(infra, GMS_SOCKET_DIR=str(short_dir), FAILOVER_LOCK_PATH=str(lock_path),

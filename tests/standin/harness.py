@@ -135,7 +135,7 @@ def listeners() -> list[tuple[str, int, set[int]]]:
         parts = line.split()
         if len(parts) < 4:
             continue
-        addr, _, port = parts[3].rpartition(":")
+        addr, _unused, port = parts[3].rpartition(":")
         pids = {int(p) for p in re.findall(r"pid=(\d+)", line)}
         result.append((addr.strip("[]"), int(port), pids))
     return result
@@ -145,7 +145,7 @@ def assert_loopback_only(procs: Procs) -> list[tuple[str, int, set[int]]]:
     """Fail if any process of ours listens on anything but loopback; returns our listeners."""
     ours = procs.pids()
     mine = [(a, p, pids) for a, p, pids in listeners() if pids & ours]
-    bad = [(a, p) for a, p, _ in mine if not (a.startswith("127.") or a == "::1")]
+    bad = [(a, p) for a, p, _unused in mine if not (a.startswith("127.") or a == "::1")]
     assert not bad, f"listeners of test processes off loopback: {bad}"
     return mine
 
@@ -247,7 +247,7 @@ def memory_kib(pid: int) -> dict[str, int]:
     every process that touched them, and only once in the sum of Pss)."""
     out = {}
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        key, _, rest = line.partition(":")
+        key, _unused, rest = line.partition(":")
         if key in ("Rss", "Pss", "Private_Clean", "Private_Dirty"):
             out[key] = int(rest.split()[0])
     return {"rss": out.get("Rss", 0), "pss": out.get("Pss", 0),

@@ -90,7 +90,7 @@ def main() -> int:
             harness.wait_until(lambda i=i: lock.read_holder(str(lock_path)) == f"engine-{i}", 5, 0.002, "lock")
             locked = time.monotonic()
             while True:
-                status, _ = harness.chat(infra.frontend, name, timeout=2)
+                status, _unused = harness.chat(infra.frontend, name, timeout=2)
                 if status == 200:
                     break
                 failures += 1

@@ -13,7 +13,7 @@ from . import harness
 def run(model, args, **env):
     base = {"PATH": os.environ["PATH"], "DYN_SYSTEM_HOST": "127.0.0.1"}
     return subprocess.run([str(harness.RUNTIME_PY), "-m", "shadowline.standin.engine", "--model", str(model), *args],
-                          env={**base, **env}, capture_output=True, text=True, timeout=30)
+                          env={**base, **env}, capture_output=True, text=True, timeout=30, check=False)
 
 
 @pytest.mark.parametrize("args,env,message", [

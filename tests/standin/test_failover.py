@@ -48,7 +48,7 @@ def test_one_node_two_cohorts(procs, session_procs, infra, model, short_dir, tmp
     lock_path = tmp_path / "failover.lock"
     gms = procs.start("gms", [str(harness.RUNTIME_PY), "-m", "shadowline.standin.gms_server"],
                       {"PATH": os.environ["PATH"], "GMS_SOCKET_DIR": str(short_dir), "SHADOWLINE_STANDIN_GPUS": GPU})
-    harness.wait_until(lambda: (short_dir / "gms_ready").exists(), 10, what="gms_ready")
+    harness.wait_until((short_dir / "gms_ready").exists, 10, what="gms_ready")
     env = harness.dynamo_env(infra, GMS_SOCKET_DIR=str(short_dir), SHADOWLINE_STANDIN_GPUS=GPU,
                              FAILOVER_LOCK_PATH=str(lock_path), DYN_VLLM_GMS_SHADOW_MODE="true")
     ports = {i: harness.free_port() for i in range(3)}
@@ -63,8 +63,11 @@ def test_one_node_two_cohorts(procs, session_procs, infra, model, short_dir, tmp
     e0.wait_log("[Shadow] Engine awake, registering with discovery", 30)
     assert_in_order(e0.text(), [line.format(id=0) for line in SHADOW_LIFECYCLE])
     assert lock.read_holder(str(lock_path)) == "engine-0"
-    status, body = harness.wait_until(lambda: (lambda r: r if r[0] == 200 else None)(harness.chat(infra.frontend, name)),
-                                      15, 0.1, "a completion through the frontend")
+    def served() -> tuple[int, str] | None:
+        answer = harness.chat(infra.frontend, name)
+        return answer if answer[0] == 200 else None
+
+    status, body = harness.wait_until(served, 15, 0.1, "a completion through the frontend")
     assert json.loads(body)["usage"]["completion_tokens"] > 0
     assert read_bytes_while_loading(e0.text()) > os.path.getsize(model / "model-00001-of-00002.safetensors")
 
@@ -80,7 +83,7 @@ def test_one_node_two_cohorts(procs, session_procs, infra, model, short_dir, tmp
     assert read_bytes_while_loading(e1.text()) < 64 * 1024  # zero bytes of the model
     assert "Failover lock acquired" not in e1.text()
     ours = harness.assert_loopback_only(procs)
-    assert any(p == ports[0] for _, p, _ in ours) and any(p == ports[1] for _, p, _ in ours)
+    assert any(p == ports[0] for _unused1, p, _unused2 in ours) and any(p == ports[1] for _unused1, p, _unused2 in ours)
     for label, pid in (("primary leader", e0.pid), ("shadow leader", e1.pid), ("GMS server", gms.pid)):
         print(f"memory of {label}: {harness.memory_kib(pid)} KiB")
 

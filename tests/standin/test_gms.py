@@ -122,13 +122,13 @@ def test_gms_publish_import_and_server_death(procs, short_dir, model, runtime):
     for p in short_dir.glob("*.sock"):
         p.unlink()
     r = reader(paths[1], model, 1, timeout=0.5)
-    _, err = r.communicate(timeout=10)
+    _unused, err = r.communicate(timeout=10)
     assert r.returncode == 1 and "GMS server unreachable" in err
 
     # A restarted server is empty until a writer republishes.
     restarted = start_server(procs, short_dir, "gms-restarted")
     r = reader(paths[1], model, 1, timeout=0.5)
-    _, err = r.communicate(timeout=10)
+    _unused, err = r.communicate(timeout=10)
     assert r.returncode == 1 and "no committed weights" in err
 
     # SIGTERM: clean exit, sockets and marker removed.

@@ -38,7 +38,7 @@ def cohort(procs, model, short_dir, tmp_path, runtime):
     because the test holds the failover lock. Returns a starter taking extra env for both ranks."""
     procs.start("gms", [str(harness.RUNTIME_PY), "-m", "shadowline.standin.gms_server"],
                 {"PATH": os.environ["PATH"], "GMS_SOCKET_DIR": str(short_dir), "SHADOWLINE_STANDIN_GPUS": ",".join(GPUS)})
-    harness.wait_until(lambda: (short_dir / "gms_ready").exists(), 10, what="gms_ready")
+    harness.wait_until((short_dir / "gms_ready").exists, 10, what="gms_ready")
     lock_path = tmp_path / "failover.lock"
     held = lock.acquire(str(lock_path), 99)
     master = harness.free_port()
@@ -65,7 +65,7 @@ def cohort(procs, model, short_dir, tmp_path, runtime):
 
 @pytest.mark.parametrize("mode", ["hang", "exit"])
 def test_leader_death_headless_hangs_or_exits(cohort, procs, tmp_path, mode):
-    leader, headless, port, _, _ = cohort(SHADOWLINE_STANDIN_ON_PEER_DEATH=mode)
+    leader, headless, port, _unused1, _unused2 = cohort(SHADOWLINE_STANDIN_ON_PEER_DEATH=mode)
     harness.assert_loopback_only(procs)  # the rendezvous listener is on the master address only
     hb0, hb1 = tmp_path / "heartbeat-engine-0-rank-0", tmp_path / "heartbeat-engine-0-rank-1"
     assert advancing(hb0) and advancing(hb1)
@@ -86,7 +86,7 @@ def test_leader_death_headless_hangs_or_exits(cohort, procs, tmp_path, mode):
 def test_hang_collective_stalls_peers_and_blocks_wake(cohort, tmp_path):
     """A rank hung in a collective: the leader stops progressing, stays healthy, and once it wins
     the lock it stays in waking, holding the lock, without serving."""
-    leader, headless, port, _, _ = cohort()
+    leader, headless, port, _unused1, _unused2 = cohort()
     hb0 = tmp_path / "heartbeat-engine-0-rank-0"
     assert advancing(hb0)
     (tmp_path / "fault-engine-0-rank-1").write_text("hang-collective")
@@ -120,7 +120,7 @@ def process_state(pid: int) -> str:
 def test_hang_signal_and_clean_shutdown(cohort, tmp_path):
     """SIGUSR1 (the hang fault) freezes the leader: no /health answer, peers stall, lock state kept;
     SIGCONT resumes it. SIGTERM of the leader then stops the whole cohort cleanly."""
-    leader, headless, port, _, _ = cohort()
+    leader, headless, port, _unused1, _unused2 = cohort()
     hb1 = tmp_path / "heartbeat-engine-0-rank-1"
     os.kill(leader.pid, signal.SIGUSR1)
     harness.wait_until(lambda: process_state(leader.pid) == "T", 3, what="the leader to stop")

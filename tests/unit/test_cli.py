@@ -33,7 +33,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.copy(ROOT / name, source / name)
     target = tmp / "site"
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-                           "--target", str(target), str(source)], capture_output=True, text=True, timeout=300)
+                           "--target", str(target), str(source)], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (target / "bin" / "shadowline").exists()
     return target
@@ -42,7 +42,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def shadowline(installed: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(installed)}  # the installed copy only, not the checkout
     return subprocess.run([str(installed / "bin" / "shadowline"), *args], capture_output=True, text=True,
-                          env=env, cwd=cwd or installed, timeout=120)
+                          env=env, cwd=cwd or installed, timeout=120, check=False)
 
 
 def test_help_of_the_command_and_of_every_subcommand(installed: Path):
@@ -62,7 +62,7 @@ def test_help_of_the_command_and_of_every_subcommand(installed: Path):
 def test_the_installed_copy_is_the_one_that_runs(installed: Path):
     code = "import shadowline.cli, sys; print(shadowline.cli.__file__)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(installed)}, cwd=installed)
+                          env={**os.environ, "PYTHONPATH": str(installed)}, cwd=installed, check=False)
     assert proc.stdout.startswith(str(installed)), proc.stdout
 
 
@@ -71,10 +71,10 @@ def test_bash_completion_is_valid_bash_and_knows_the_subcommands(installed: Path
     assert proc.returncode == 0, proc.stderr
     script = tmp_path / "shadowline.bash"
     script.write_text(proc.stdout)
-    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
     probe = (f'source {script}; COMP_WORDS=(shadowline dr); COMP_CWORD=1; _shadowline; echo "${{COMPREPLY[@]}}"; '
              f'COMP_WORDS=(shadowline plan --j); COMP_CWORD=2; _shadowline; echo "${{COMPREPLY[@]}}"')
-    lines = subprocess.run(["bash", "-c", probe], capture_output=True, text=True).stdout.splitlines()
+    lines = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=False).stdout.splitlines()
     assert lines == ["drill-report", "--json"], lines
 
 
@@ -108,12 +108,12 @@ def test_status_of_this_node_from_a_plan_file(installed: Path, tmp_path: Path):
 def test_plan_and_render_slurm_from_the_checkout_scripts():
     """scripts/show-plan and slurm/render are the same command (they call shadowline.cli)."""
     show = subprocess.run([sys.executable, str(ROOT / "scripts" / "show-plan"), "inventories/local"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+                          capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
     assert show.returncode == 0, show.stderr
     assert show.stdout.startswith("deployment local: backend standin")
     assert "monitoring: server on local0 (Prometheus http://127.0.0.1:9090)" in show.stdout
     render = subprocess.run([sys.executable, str(ROOT / "slurm" / "render"), "--help"], capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=60, check=False)
     assert render.returncode == 0 and "--vars-json" in render.stdout
 
 
@@ -122,7 +122,7 @@ def test_status_through_ansible_prints_a_plain_table():
     nothing deployed here), its table printed as a person reads it, without JSON quoting."""
     proc = subprocess.run([sys.executable, "-m", "shadowline.cli", "status", "-i", "inventories/local"],
                           capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "plugins" / "module_utils")})
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "plugins" / "module_utils")}, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].split()[:3] == ["cohort", "role", "node"] and set(lines[1]) <= {"-", " "}

@@ -10,7 +10,7 @@ from .helpers import hostvars
 
 def problems_of(nodes: int = 1, **shared) -> list[str]:
     hv, hosts = hostvars(nodes, **shared)
-    _, problems = parse_contract(hv, hosts)
+    _unused, problems = parse_contract(hv, hosts)
     return [str(p) for p in problems]
 
 
@@ -41,18 +41,18 @@ def test_typo_in_variable_name_suggests_the_right_one():
 def test_rank_problems():
     hv, hosts = hostvars(3, gms_engine={"tensor_parallel_size": 24})
     hv["node2"]["gms_node_rank"] = 1
-    _, problems = parse_contract(hv, hosts)
+    _unused, problems = parse_contract(hv, hosts)
     assert [str(p) for p in problems] == [
         "gms_node_rank: rank 1 is given to node1 and node2; ranks must be unique. Fix: number the nodes 0..2, each once."]
     hv["node2"]["gms_node_rank"] = 5
-    _, problems = parse_contract(hv, hosts)
+    _unused, problems = parse_contract(hv, hosts)
     assert "missing [2]" in str(problems[0])
 
 
 def test_shared_value_differs_between_hosts():
     hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16})
     hv["node1"]["gms_cohorts"] = 3
-    _, problems = parse_contract(hv, hosts)
+    _unused, problems = parse_contract(hv, hosts)
     assert str(problems[0]).startswith("gms_cohorts (host node1): differs between node0 and node1")
 
 

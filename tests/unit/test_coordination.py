@@ -11,7 +11,7 @@ import pytest
 from shadowline.control.coordination import FAILED, LAUNCHING, RUNNING, Coordination, Slot
 from shadowline.control.etcd_client import Etcd
 
-from tests.slurm.local_infra import start_etcd
+from tests.loopback import start_etcd
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def test_failure_is_declared_exactly_once_by_racing_agents(coord: Coordination):
     for t in threads:
         t.join()
     assert len(winners) == 1
-    slot, _ = coord.slot(0)
+    slot, _unused = coord.slot(0)
     assert slot is not None and slot.state == FAILED and slot.detected_by == winners[0]
     assert coord.declare_failed(0, 1, "rank-exited", "late") is None  # a failed generation stays failed
 
@@ -54,7 +54,7 @@ def test_an_old_generation_cannot_fail_the_new_one(coord: Coordination):
 
 def test_swap_refuses_a_stale_revision(coord: Coordination):
     coord.create_slot(Slot(cohort=2, generation=1, state=RUNNING))
-    _, revision = coord.slot(2)
+    _unused, revision = coord.slot(2)
     assert coord.swap(Slot(cohort=2, generation=1, state=FAILED), revision)
     assert not coord.swap(Slot(cohort=2, generation=2, state=LAUNCHING), revision)
 

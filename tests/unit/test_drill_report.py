@@ -4,7 +4,6 @@ after), variations of them, the timeline table and SVG, where faults land, and t
 
 from __future__ import annotations
 
-import copy
 import json
 import threading
 import xml.etree.ElementTree as ET

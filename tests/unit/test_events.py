@@ -62,7 +62,7 @@ def test_threads_and_processes_never_interleave_lines(tmp_path: Path):
     path = str(tmp_path / "events.jsonl")
     shared = EventLog(path, "threads")
     threads = [threading.Thread(target=lambda: [shared.write("tick", 1, i, payload="y" * 512) for i in range(200)])
-               for _ in range(4)]
+               for _unused in range(4)]
     ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=_append, args=(path, f"proc{n}", 200)) for n in range(3)]
     for worker in (*threads, *procs):

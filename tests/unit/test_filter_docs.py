@@ -29,7 +29,7 @@ def test_every_filter_has_documentation_that_ansible_doc_reads():
     assert not missing, f"no sidecar documentation for {missing}: add plugins/filter/<name>.yml"
     result = subprocess.run([BIN / "ansible-doc", "-t", "filter", "--json",
                              *[f"shadowline.gms.{f}" for f in sorted(filters)]],
-                            env=ENV, capture_output=True, text=True, timeout=300)
+                            env=ENV, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr
     docs = json.loads(result.stdout)
     for name in filters:

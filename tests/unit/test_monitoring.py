@@ -9,7 +9,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 
 from shadowline.deployment import monitoring
 from shadowline.deployment.contract import parse_contract
@@ -31,7 +30,7 @@ def tool(name: str) -> str:
 
 
 def run(*argv: str | Path) -> str:
-    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, f"{' '.join(map(str, argv))} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}"
     return proc.stdout + proc.stderr
 
@@ -48,7 +47,7 @@ def plan_of(nodes: int = 2, infra: list[str] | None = None, **shared) -> Plan:
 
 def problems_of(**shared) -> list[str]:
     hv, hosts = hostvars(2, **shared)
-    _, problems = parse_contract(hv, hosts)
+    _unused, problems = parse_contract(hv, hosts)
     return [str(p) for p in problems]
 
 

@@ -109,7 +109,7 @@ def test_every_rank_of_every_cohort(nodes: int, shadows: int):
 
 def plan_contract_ports(nodes: int, shadows: int):
     hv, hosts = hostvars(nodes, gms_cohorts=shadows + 1, gms_engine={"tensor_parallel_size": 8 * nodes})
-    contract, _ = parse_contract(hv, hosts)
+    contract, _unused = parse_contract(hv, hosts)
     assert contract is not None
     return contract.ports
 

@@ -54,7 +54,7 @@ def plan_of(inventory: str) -> dict:
     """The plan as shadowline.gms.cohort_plan computes it: Ansible templates the inventory, no host is contacted."""
     run = subprocess.run([ansible_tool("ansible"), "-i", inventory, "gms_nodes[0]", "-o", "-m",
                           "shadowline.gms.cohort_plan"], capture_output=True, text=True,
-                         cwd=CHECKOUT if in_checkout() else None, env=ansible_env())
+                         cwd=CHECKOUT if in_checkout() else None, env=ansible_env(), check=False)
     try:  # one line per host: "<host> | SUCCESS => {...}"
         result = json.loads(run.stdout.split(" => ", 1)[1])
     except (ValueError, IndexError):
@@ -125,7 +125,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     playbook = str(CHECKOUT / "playbooks" / "status.yml") if in_checkout() else "shadowline.gms.status"
     argv = [ansible_tool("ansible-playbook"), "-i", args.inventory, playbook]
     env = {**ansible_env(), "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
-    run = subprocess.run(argv, cwd=CHECKOUT if in_checkout() else None, env=env, capture_output=True, text=True)
+    run = subprocess.run(argv, cwd=CHECKOUT if in_checkout() else None, env=env, capture_output=True, text=True, check=False)
     lines = status_lines(run.stdout)
     if run.returncode != 0 or not lines:
         print(run.stdout + run.stderr, file=sys.stderr)
@@ -143,7 +143,7 @@ def status_lines(output: str) -> list[str]:
     if start < 0 or "=> {" not in output[start:]:
         return []
     try:
-        result, _ = json.JSONDecoder().raw_decode(output, output.index("=> {", start) + 3)
+        result, _unused = json.JSONDecoder().raw_decode(output, output.index("=> {", start) + 3)
     except ValueError:
         return []
     return [str(line) for line in result.get("msg", [])] if isinstance(result.get("msg"), list) else []

@@ -123,7 +123,7 @@ class Agent:
         returns the cohorts whose rank exited, and whether the GMS server did."""
         fds = {r.pidfd: c for c, r in self.memory.ranks.items() if r.pidfd is not None}
         gms = [self.gms_pidfd] if self.gms_pidfd is not None else []
-        readable, _, _ = select.select(list(fds) + gms + [self.wake_r], [], [], timeout)
+        readable, _unused1, _unused2 = select.select(list(fds) + gms + [self.wake_r], [], [], timeout)
         if self.wake_r in readable:
             os.read(self.wake_r, 4096)
         gms_exited = bool(gms) and gms[0] in readable

@@ -143,7 +143,7 @@ def _json(raw: bytes) -> dict[str, Any]:
 def _split(address: str | None) -> tuple[str | None, int | None]:
     if not address:
         return None, None
-    host, _, port = address.rpartition(":")
+    host, _unused, port = address.rpartition(":")
     return host.strip("[]"), int(port) if port.isdigit() else None
 
 

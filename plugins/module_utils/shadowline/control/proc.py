@@ -23,7 +23,7 @@ def unit_properties(unit: str, *names: str) -> dict[str, str]:
     """Properties of a systemd unit (``systemctl show``); empty when systemctl does not answer."""
     try:
         out = subprocess.run(["systemctl", "show", unit, f"--property={','.join(names)}"],
-                             capture_output=True, text=True, timeout=10).stdout
+                             capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
@@ -83,7 +83,7 @@ def terminate_cgroup(cgroup: str, grace_s: float) -> bool:
     """SIGTERM, then SIGKILL after ``grace_s``; True when the cgroup is empty. A grace of 0 kills at once."""
     if grace_s > 0 and kill_cgroup(cgroup, signal.SIGTERM) and wait_cgroup_empty(cgroup, grace_s):
         return True
-    for _ in range(50):  # processes forked while we killed: repeat until none is left
+    for _unused in range(50):  # processes forked while we killed: repeat until none is left
         if not kill_cgroup(cgroup, signal.SIGKILL):
             return True
         if wait_cgroup_empty(cgroup, 0.2):
@@ -110,7 +110,7 @@ def alive(pid: int) -> bool:
 
 
 def systemctl(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
 # --- /proc ---------------------------------------------------------------------------------------------------
@@ -275,7 +275,7 @@ def mounts() -> list[Mount]:
     except OSError:
         return []
     for line in lines:
-        left, _, right = line.partition(" - ")
+        left, _unused, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
         if len(fields) < 6 or not tail:
             continue

@@ -127,7 +127,7 @@ def nvidia_gpus() -> list[dict[str, Any]] | None:
         return [{"error": str(err)}]
     gpus = []
     for line in out.strip().splitlines():
-        uuid_text, _, mib = line.partition(",")
+        uuid_text, _unused, mib = line.partition(",")
         gpus.append({"uuid": uuid_text.strip(), "memory_mib": float(mib.strip() or 0)})
     return gpus
 

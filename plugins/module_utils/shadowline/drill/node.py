@@ -299,14 +299,14 @@ def restore(plan: Plan, host: str, fault: str, cohort: int | None, pids: list[in
     if fault == "cut-node":
         state_file = CUT_STATE.format(deployment=plan.deployment)
         deadline = time.time() + 30
-        while subprocess.run(["systemctl", "is-active", "--quiet", cut_unit_name(plan)]).returncode == 0:
+        while subprocess.run(["systemctl", "is-active", "--quiet", cut_unit_name(plan)], check=False).returncode == 0:
             if time.time() > deadline:
-                subprocess.run(["systemctl", "stop", cut_unit_name(plan)], capture_output=True)
+                subprocess.run(["systemctl", "stop", cut_unit_name(plan)], capture_output=True, check=False)
                 done.append("stopped the cut unit")
                 break
             time.sleep(0.1)
         interface = interface_of(node.address)
-        link = subprocess.run(["ip", "-o", "link", "show", interface], capture_output=True, text=True).stdout
+        link = subprocess.run(["ip", "-o", "link", "show", interface], capture_output=True, text=True, check=False).stdout
         if "state DOWN" in link or ",UP" not in link.split(">")[0]:
             subprocess.run(["ip", "link", "set", interface, "up"], check=True)
             done.append(f"ip link set {interface} up")

@@ -495,7 +495,7 @@ def timeline(evidence: Evidence, report: dict[str, Any], events: list[dict[str, 
         text = TIMELINE_EVENTS.get(e["event"])
         if text is None:
             continue
-        detail = {k: v for k, v in (e.get("detail") or {}).items()}
+        detail = dict(e.get("detail") or {})
         detail.setdefault("cohort", e.get("cohort"))
         try:
             what = text.format(**detail)

@@ -133,7 +133,7 @@ def inject(job: dict[str, Any], step_id: str, fault: str, at: float, python: str
     if fault == "scancel-step":
         time.sleep(max(0.0, at - time.time()))
         subprocess.run(["scancel", step_id], check=False, timeout=30)
-    out, _ = proc.communicate(timeout=timeout + 60)
+    out, _unused = proc.communicate(timeout=timeout + 60)
     reports = []
     for line in out.splitlines():
         text = line.split(":", 1)[1].strip() if line[:1].isdigit() and ":" in line else line.strip()

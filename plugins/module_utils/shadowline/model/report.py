@@ -107,7 +107,7 @@ def progress_line(stdout: str) -> str:
     ``stdout``: first line ``running`` or ``finished`` (whether the background job wrote its result), then the
     node's status file (JSON), as the model_cache role's progress poll prints them.
     """
-    first, _, rest = (stdout or "").partition("\n")
+    first, _unused, rest = (stdout or "").partition("\n")
     try:
         status = json.loads(rest) if rest.strip() else {}
     except ValueError:

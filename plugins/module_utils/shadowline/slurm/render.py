@@ -155,7 +155,7 @@ def template_values(values: dict[str, Any], groups: dict[str, list[str]]) -> dic
         if not isinstance(value, str) or ("{{" not in value and "{%" not in value):
             return value
         text = value
-        for _ in range(5):
+        for _unused in range(5):
             try:
                 text = env.from_string(text).render(context)
             except jinja2.TemplateError as err:

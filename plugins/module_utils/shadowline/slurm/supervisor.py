@@ -331,7 +331,7 @@ class Supervisor:
             threading.Thread(target=self.report_serving, args=(cohort, generation, when), daemon=True).start()
 
     def report_serving(self, cohort: int, generation: int | None, promoted: float) -> None:
-        ready, _, seen = poll(self.completion_check, 30, 0.05)
+        ready, _unused, seen = poll(self.completion_check, 30, 0.05)
         if ready:
             self.awaiting_serving = False
             self.events.write("serving", cohort=cohort, generation=generation,

@@ -357,7 +357,7 @@ class Leader(Rank):
             text += self.collective.render_metrics(self.labels)
         if self.serving and not self.worker.frozen and self.worker.proc.poll() is None:
             try:
-                status, _, body = http_get(self.worker.base_url + "/metrics", 0.5)
+                status, _unused, body = http_get(self.worker.base_url + "/metrics", 0.5)
                 if status == 200:
                     text += body.decode(errors="replace")
             except OSError:
@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = configure(args)
     log.info("stand-in engine %s node rank %d/%d (%s), TP %d, model %s, GPUs %s, pid %d", cfg.engine_id, cfg.rank,
              cfg.nnodes, "headless" if cfg.headless else "leader", cfg.tp, cfg.name,
-             ",".join(g for g, _ in cfg.gpus), os.getpid())
+             ",".join(g for g, _unused in cfg.gpus), os.getpid())
     return (Headless(cfg) if cfg.headless else Leader(cfg)).run()
 
 

@@ -48,14 +48,14 @@ def _request(sock: socket.socket, message: dict[str, Any], fds: list[int] | tupl
 
 def status(path: str, timeout: float = 1.0) -> dict[str, Any]:
     with connect(path, timeout) as s:
-        reply, _ = _request(s, {"op": "status"})
+        reply, _unused = _request(s, {"op": "status"})
     return reply
 
 
 def publish(path: str, shard: Shard, timeout: float) -> tuple[socket.socket, int]:
     """Commit ``shard`` as the socket's layout; returns the (kept open) session and generation."""
     s = connect(path, timeout)
-    reply, _ = _request(s, {"op": "publish", "header": shard.header}, [shard.fd])
+    reply, _unused = _request(s, {"op": "publish", "header": shard.header}, [shard.fd])
     if not reply.get("ok"):
         s.close()
         raise GMSError(f"GMS publish to {path} failed: {reply.get('error')}")

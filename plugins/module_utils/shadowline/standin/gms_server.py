@@ -187,17 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     with open(marker + ".tmp", "w", encoding="utf-8") as f:
-        json.dump({"pid": os.getpid(), "gpus": gpus, "sockets": [p.path for p, _ in pools.values()]}, f)
+        json.dump({"pid": os.getpid(), "gpus": gpus, "sockets": [p.path for p, _unused in pools.values()]}, f)
     os.rename(marker + ".tmp", marker)
     log.info("GMS stand-in ready: %d GPU(s) x %s, sockets in %s (pid %d)", len(gpus), "/".join(settings.GMS_TAGS),
              socket_dir, os.getpid())
 
     try:
         while not stopping.is_set():
-            for key, _ in sel.select(timeout=0.2):
+            for key, _unused in sel.select(timeout=0.2):
                 pool, lsock = pools[key.fd]
                 try:
-                    conn, _ = lsock.accept()
+                    conn, _unused = lsock.accept()
                 except BlockingIOError:
                     continue
                 conn.setblocking(True)

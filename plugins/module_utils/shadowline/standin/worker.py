@@ -49,7 +49,7 @@ def free_port(host: str, low: int = WORKER_PORT_RANGE[0], high: int = WORKER_POR
     """A port in [low, high] that is free on ``host`` right now."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     rng = random.SystemRandom()
-    for _ in range(200):
+    for _unused in range(200):
         port = rng.randint(low, high)
         with socket.socket(family, socket.SOCK_STREAM) as s:
             try:
@@ -211,11 +211,11 @@ class Worker:
                 return False
             try:
                 if phase == "health":
-                    status, _, body = http_get(self.base_url + "/health", 0.5)
+                    status, _unused, body = http_get(self.base_url + "/health", 0.5)
                     if status == 200 and json.loads(body).get("endpoints", {}).get("generate") == "ready":
                         phase = "metrics"
                 if phase == "metrics":
-                    _, _, body = http_get(self.base_url + "/metrics", 0.5)
+                    _status, _headers, body = http_get(self.base_url + "/metrics", 0.5)
                     m = re.search(rb'dynamo_endpoint="generate"[^}]*worker_id="([0-9a-f]+)"', body)
                     if m:
                         self.worker_id = m.group(1).decode()
