@@ -63,6 +63,7 @@ def test_one_node_two_cohorts(procs, session_procs, infra, model, short_dir, tmp
     e0.wait_log("[Shadow] Engine awake, registering with discovery", 30)
     assert_in_order(e0.text(), [line.format(id=0) for line in SHADOW_LIFECYCLE])
     assert lock.read_holder(str(lock_path)) == "engine-0"
+
     def served() -> tuple[int, str] | None:
         answer = harness.chat(infra.frontend, name)
         return answer if answer[0] == 200 else None
