@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from shadowline.deployment.contract import parse_contract
 from shadowline.deployment.preflight import run_preflight
 
@@ -125,9 +127,32 @@ def test_runtime_without_gms_is_refused_for_real_backend():
 
 def test_failover_settings_are_checked_with_their_fix():
     assert problems_of(gms_failover={"planned_grace_s": -1}) == [
-        "gms_failover.planned_grace_s: must be a number of at least 0, got -1. Fix: set gms_failover.planned_grace_s "
-        "to a number such as 4 or 1.5."]
+        "gms_failover.planned_grace_s: is -1, but must be at least 0 and at most 3600. Fix: set "
+        "gms_failover.planned_grace_s to a number at least 0 and at most 3600, e.g. 5."]
     (msg,) = problems_of(gms_failover={"planned_grace_s": "soon"})
-    assert msg.startswith("gms_failover.planned_grace_s: must be a number of at least 0, got the string 'soon'.")
+    assert msg.startswith("gms_failover.planned_grace_s: must be a number, got the string 'soon'.")
+
+
+@pytest.mark.parametrize("key, value, wanted", [
+    ("health_timeout_s", float("nan"), "must be a number"),  # nan would switch hang detection off
+    ("health_timeout_s", "nan", "must be a number"),
+    ("heartbeat_stall_s", float("inf"), "must be a number"),
+    ("health_timeout_s", 0, "must be above 0"),
+    ("relaunch_backoff_s", -0.5, "must be above 0"),
+    ("stable_after_s", 1e9, "at most 86400"),
+    ("term_grace_s", True, "must be a number"),
+])
+def test_failover_numbers_must_make_sense(key, value, wanted):
+    (msg,) = problems_of(gms_failover={key: value})
+    assert msg.startswith(f"gms_failover.{key}: ") and wanted in msg and "Fix: set" in msg, msg
+
+
+def test_relaunch_backoff_must_not_exceed_its_maximum():
+    assert problems_of(gms_failover={"relaunch_backoff_s": 10, "relaunch_backoff_max_s": 2}) == [
+        "gms_failover.relaunch_backoff_max_s: is 2, below relaunch_backoff_s (10): the delay could never grow. "
+        "Fix: set relaunch_backoff_max_s to at least relaunch_backoff_s."]
+    assert problems_of(gms_failover={"relaunch_backoff_s": 2, "relaunch_backoff_max_s": 2}) == []
+
+
     assert problems_of(gms_failover={"planed_grace_s": 5}) == [
         "gms_failover.planed_grace_s: is not a known key. Fix: did you mean 'planned_grace_s'? Rename it, or remove it."]

@@ -498,6 +498,15 @@ def _parse_memory(read: Reader, value: Any) -> Memory | None:
     return Memory(gpu_memory_gib=gpu, weights_gib=weights, kv_reserve_gib=kv, engine_overhead_gib=overhead)
 
 
+# gms_failover's seconds: (may be 0, the most that makes sense). Timeouts and delays of 0 would switch a
+# check off or spin; nan and infinity are never numbers here.
+FAILOVER_SECONDS: dict[str, tuple[bool, float]] = {
+    "health_timeout_s": (False, 600.0), "heartbeat_stall_s": (False, 3600.0), "term_grace_s": (True, 600.0),
+    "planned_grace_s": (True, 3600.0), "relaunch_backoff_s": (False, 3600.0),
+    "relaunch_backoff_max_s": (False, 86400.0), "stable_after_s": (False, 86400.0),
+}
+
+
 def _parse_failover(read: Reader, value: Any) -> Failover | None:
     values = read.mapping("gms_failover", value, DEFAULT_FAILOVER)
     parsed: dict[str, Any] = {}
@@ -506,8 +515,15 @@ def _parse_failover(read: Reader, value: Any) -> Failover | None:
         if isinstance(default, int):
             parsed[key] = read.integer(name, values[key], minimum=1, maximum=3600, example=default)
         else:
-            parsed[key] = read.number(name, values[key], minimum=0.0)
+            zero_ok, most = FAILOVER_SECONDS[key]
+            parsed[key] = read.number(name, values[key], maximum=most, positive=not zero_ok, example=default or 5.0)
     if any(v is None for v in parsed.values()):
+        return None
+    if parsed["relaunch_backoff_s"] > parsed["relaunch_backoff_max_s"]:
+        read.problem("gms_failover.relaunch_backoff_max_s",
+                     f"is {parsed['relaunch_backoff_max_s']:g}, below relaunch_backoff_s "
+                     f"({parsed['relaunch_backoff_s']:g}): the delay could never grow.",
+                     "set relaunch_backoff_max_s to at least relaunch_backoff_s.")
         return None
     return Failover(**parsed)
 

@@ -6,6 +6,8 @@ as the string "8" is accepted (that is what `-e` produces); "eight" is a problem
 
 from __future__ import annotations
 
+import math
+
 import difflib
 from typing import Any
 
@@ -51,19 +53,18 @@ class Reader:
             return None
         return number
 
-    def number(self, field: str, value: Any, minimum: float = 0.0) -> float | None:
-        if isinstance(value, bool):
-            parsed = None
-        elif isinstance(value, (int, float)):
-            parsed = float(value)
-        else:
-            try:
-                parsed = float(str(value).strip())
-            except ValueError:
-                parsed = None
-        if parsed is None or parsed < minimum:
-            self.problem(field, f"must be a number of at least {minimum:g}, got {describe(value)}.",
-                         f"set {field} to a number such as 4 or 1.5.")
+    def number(self, field: str, value: Any, minimum: float = 0.0, maximum: float | None = None,
+               positive: bool = False, example: float = 1.5) -> float | None:
+        """A finite number (never nan or infinity) of at least ``minimum`` (above 0 when ``positive``), at most
+        ``maximum``; a problem naming the field and the fix otherwise."""
+        parsed = as_number(value)
+        if parsed is None:
+            self.problem(field, f"must be a number, got {describe(value)}.", f"set {field} to a number such as {example:g}.")
+            return None
+        if positive and parsed <= 0 or parsed < minimum or maximum is not None and parsed > maximum:
+            low = "above 0" if positive and minimum <= 0 else f"at least {minimum:g}"
+            bounds = low + (f" and at most {maximum:g}" if maximum is not None else "")
+            self.problem(field, f"is {parsed:g}, but must be {bounds}.", f"set {field} to a number {bounds}, e.g. {example:g}.")
             return None
         return parsed
 
@@ -127,6 +128,17 @@ def as_bool(value: Any) -> bool | None:
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
     return None
+
+
+def as_number(value: Any) -> float | None:
+    """A finite float from a number or a numeric string; None for anything else (booleans, nan, infinity)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        parsed = float(value) if isinstance(value, (int, float)) else float(str(value).strip())
+    except (ValueError, OverflowError):
+        return None
+    return parsed if math.isfinite(parsed) else None
 
 
 def describe(value: Any) -> str:
