@@ -31,7 +31,8 @@ from .site_helpers import (  # noqa: F401  (site_runtime: a fixture)
 )
 
 # In the order they build up a deployment (molecule's own --all order is alphabetical).
-SCENARIOS = ["base", "python_env", "python_env_wheelhouse", "gms_server", "etcd", "nats", "frontend", "engine"]
+SCENARIOS = ["base", "python_env", "python_env_wheelhouse", "model_cache", "gms_server", "etcd", "nats", "frontend",
+             "engine", "agent"]
 LOGS = REPO / ".cache" / "molecule" / "logs"
 SCENARIO_TIMEOUT_S = 900
 

@@ -222,7 +222,7 @@ SHADOW_CHANGE_TASKS = {  # what may change when only shadows change
     "shadowline.gms.engine : Stop the failover agent (see main.yml) before restarting the running cohort 1",
     "shadowline.gms.engine : Restart on every node the changed cohort 1",
     # the agents follow the plan: a new plan.json, so they restart (and adopt the running ranks)
-    "shadowline.gms.agent : Install the cohort plan the agent follows",
+    "shadowline.gms.agent : Install the cohort plan the agent follows and the agent unit",
     "shadowline.gms.agent : Start the agent",
     "shadowline.gms.agent : Restart agent",
 }

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import testbed.boot as tb_boot
 import testbed.testbed as tb
 
 pytestmark = pytest.mark.timeout(120)
@@ -79,7 +80,7 @@ def fail(*_args, **_kw):
 
 def test_a_failed_up_cleans_up_after_itself(monkeypatch):
     tb.down()
-    monkeypatch.setattr(tb, "wait_sshd", fail)
+    monkeypatch.setattr(tb_boot, "wait_sshd", fail)  # boot() waits for sshd (testbed/boot.py)
     with pytest.raises(tb.TestbedError, match="injected"):
         tb.up(2, False)
     assert tb.leaks() == []
@@ -94,7 +95,7 @@ def test_down_after_an_up_that_died_half_way(monkeypatch):
             fail()
         real_launch(host)
 
-    monkeypatch.setattr(tb, "launch_host", launch_one_then_fail)
+    monkeypatch.setattr(tb_boot, "launch_host", launch_one_then_fail)
     with pytest.raises(tb.TestbedError, match="injected"):
         tb.up(3, False, keep_on_failure=True)
     left = tb.leaks()

@@ -1,0 +1,52 @@
+"""The files up() writes for users and tests: the Ansible inventory and .testbed/state.json."""
+
+from __future__ import annotations
+
+import contextlib
+
+from .journal import State, write_json_atomic
+from .names import GROUP_VARS, INSTANCE, INVENTORY, KEY_FILE, REPO_ROOT, STATE_JSON
+
+
+def inventory_text(state: State) -> str:
+    lines = [
+        "# Written by testbed/testbed.py on `up`, removed on `down`. Do not edit.",
+        "all:",
+        "  vars:",
+        "    ansible_user: root",
+        f"    ansible_ssh_private_key_file: {KEY_FILE}",
+        "    ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+        "    ansible_python_interpreter: /usr/bin/python3",
+        f"    testbed_repo_root: {REPO_ROOT}",
+        "  children:",
+        "    gms_nodes:",
+        "      hosts:",
+    ]
+    lines += [f"        {h.name}: {{ansible_host: {h.address}, gms_node_rank: {h.index}}}" for h in state.hosts]
+    if state.slurm:
+        compute = ", ".join(f"{h.name}: {{}}" for h in state.hosts)
+        lines += [f"    slurm_controller: {{hosts: {{{state.hosts[0].name}: {{}}}}}}",
+                  f"    slurm_compute: {{hosts: {{{compute}}}}}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(state: State) -> None:
+    INVENTORY.parent.mkdir(parents=True, exist_ok=True)
+    INVENTORY.write_text(inventory_text(state))
+    link = INVENTORY.parent / "group_vars"
+    if INSTANCE and not link.is_symlink():
+        link.symlink_to(GROUP_VARS)
+    public = {
+        "nodes": state.nodes, "slurm": state.slurm, "boot_seconds": state.boot_seconds,
+        "key": str(KEY_FILE), "inventory": str(INVENTORY),
+        "hosts": [{"name": h.name, "address": h.address, "pid": h.pid, "rank": h.index} for h in state.hosts],
+    }
+    write_json_atomic(STATE_JSON, public)
+
+
+def remove_outputs() -> None:
+    for path in (INVENTORY, STATE_JSON) + ((INVENTORY.parent / "group_vars",) if INSTANCE else ()):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    with contextlib.suppress(OSError):
+        INVENTORY.parent.rmdir()
