@@ -10,7 +10,7 @@ NODES ?= 3
 INVENTORY ?= inventories/local
 
 .PHONY: help setup runtime demo test lint build preflight testbed-up testbed-down deploy status teardown clean \
-	drill bench-failover ee-context
+	drill bench-failover ee-context sanity
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 22
@@ -56,13 +56,16 @@ bench-failover: runtime ## failover figures at 1, 2, 4, 8 testbed hosts (TRIALS=
 demo: runtime ## run the main job on the embedded default (root: boots a 2-host testbed)
 	scripts/demo
 
-test: runtime ## run the whole suite (unit, testbed, end-to-end, molecule, lint, build)
+test: runtime ## run the whole suite (unit, testbed, end-to-end, molecule, lint, build, ansible-test sanity)
 	$(BIN)/pytest -q tests
-	$(MAKE) --no-print-directory lint build
+	$(MAKE) --no-print-directory lint build sanity
 
 lint: setup ## ansible-lint (production profile) and a Python byte-compile check
 	$(BIN)/ansible-lint --profile production -q
-	$(BIN)/ruff check --quiet plugins testbed tests scripts/show-plan
+	$(BIN)/ruff check --quiet plugins testbed tests monitoring scripts/show-plan scripts/bench-failover slurm/render slurm/drill
+
+sanity: setup ## ansible-test sanity on the built collection (scripts/sanity; tests/sanity/ignore-2.19.txt)
+	scripts/sanity
 
 build: setup ## build the collection tarball into build/
 	mkdir -p build

@@ -19,7 +19,6 @@ from .overlay import prepare_host_dir, seed_upper
 from .slurm import wait_slurm
 from .ssh import wait_sshd
 
-
 launchers: dict[str, subprocess.Popen[bytes]] = {}  # reaped by down() when up() ran in this process
 
 

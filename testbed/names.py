@@ -45,9 +45,9 @@ BOOT_TIMEOUT = 60.0
 SLURM_TIMEOUT = 60.0
 KILL_TIMEOUT = 15.0
 
-PACKAGE_LIST = REPO_ROOT / "requirements" / "debian-packages.txt"  # the one list; scripts/setup-system installs it
-PACKAGES = [line.strip() for line in PACKAGE_LIST.read_text().splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
+PACKAGE_LIST = REPO_ROOT / "bindep.txt"  # the one list (its dpkg lines); scripts/setup-system installs them
+PACKAGES = list(dict.fromkeys(line.split()[0] for line in PACKAGE_LIST.read_text().splitlines()
+                              if "platform:dpkg" in line and not line.lstrip().startswith("#")))
 
 # Units a host must not run.  Besides these, every unit enabled in the machine's /etc/systemd/system/*.wants/
 # (what packages enabled by themselves) is masked unless the host needs it: see masked_units().

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from .errors import TestbedError
 from .helpers import require_root, run
 from .names import PACKAGES, REPO_ROOT

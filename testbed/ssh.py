@@ -8,7 +8,6 @@ from .helpers import run, wait_until
 from .journal import Host
 from .names import KEY_FILE, SSH_PORT, TESTBED_DIR
 
-
 SSHD_CONF = """# Written by testbed/testbed.py: listen on the host's own address, root by key only.
 ListenAddress {address}
 PermitRootLogin prohibit-password

@@ -36,6 +36,84 @@ if __name__ == "__main__" and not __package__:  # run as a script (testbed/testb
 
     sys.exit(main())
 
+from .boot import (
+    boot,
+    boot_log,
+    find_pid1,
+    launch_host,
+    launchers,
+    system_state,
+    wait_systemd,
+)
+from .cgroups import (
+    cgroup_pids,
+    enter_host_cgroups,
+    hierarchies,
+    host_cgroups,
+    in_testbed_cgroup,
+    make_host_cgroups,
+    memory_usage,
+    remove_cgroups,
+    testbed_cgroup_dirs,
+)
+from .cli import (
+    cmd_down,
+    cmd_exec,
+    cmd_install,
+    cmd_leaks,
+    cmd_status,
+    cmd_up,
+    main,
+    parse_args,
+    print_table,
+    status_rows,
+)
+from .errors import (
+    TestbedError,
+)
+from .helpers import (
+    comm,
+    mib,
+    pid_alive,
+    require_root,
+    run,
+    wait_until,
+)
+from .hostexec import (
+    current_state,
+    exec_in,
+)
+from .inventory import (
+    inventory_text,
+    remove_outputs,
+    write_outputs,
+)
+from .journal import (
+    Host,
+    State,
+    load_journal,
+    locked,
+    plan,
+    save_journal,
+    write_json_atomic,
+)
+from .leaks import (
+    leaks,
+    processes_connected_to_testbed,
+    testbed_socket_inodes,
+)
+from .lifecycle import (
+    check_running,
+    down,
+    problems,
+    up,
+)
+from .mounts import (
+    is_mountpoint,
+    mountpoints,
+    testbed_mounts,
+    unmount_all,
+)
 from .names import (
     ALWAYS_MASKED,
     BOOT_TIMEOUT,
@@ -55,8 +133,8 @@ from .names import (
     MAX_NODES,
     NAME_PREFIX,
     NETNS_DIR,
-    PACKAGES,
     PACKAGE_LIST,
+    PACKAGES,
     PREFIX,
     REPO_ROOT,
     SLURM_TIMEOUT,
@@ -67,37 +145,6 @@ from .names import (
     STATE_ROOT,
     SUFFIX,
     TESTBED_DIR,
-)
-from .errors import (
-    TestbedError,
-)
-from .journal import (
-    Host,
-    State,
-    load_journal,
-    locked,
-    plan,
-    save_journal,
-    write_json_atomic,
-)
-from .helpers import (
-    comm,
-    mib,
-    pid_alive,
-    require_root,
-    run,
-    wait_until,
-)
-from .cgroups import (
-    cgroup_pids,
-    enter_host_cgroups,
-    hierarchies,
-    host_cgroups,
-    in_testbed_cgroup,
-    make_host_cgroups,
-    memory_usage,
-    remove_cgroups,
-    testbed_cgroup_dirs,
 )
 from .network import (
     delete_network,
@@ -110,17 +157,6 @@ from .network import (
     testbed_links,
     testbed_netns,
 )
-from .mounts import (
-    is_mountpoint,
-    mountpoints,
-    testbed_mounts,
-    unmount_all,
-)
-from .upper import (
-    mirror_dirs,
-    seed_file,
-    seed_symlink,
-)
 from .overlay import (
     JOURNALD_CONF,
     RESOLV_CONF,
@@ -129,6 +165,11 @@ from .overlay import (
     masked_units,
     prepare_host_dir,
     seed_upper,
+)
+from .packages import (
+    check_packages,
+    install_packages,
+    missing_packages,
 )
 from .slurm import (
     CGROUP_CONF,
@@ -143,53 +184,12 @@ from .ssh import (
     ssh_banner,
     wait_sshd,
 )
-from .inventory import (
-    inventory_text,
-    remove_outputs,
-    write_outputs,
-)
-from .boot import (
-    boot,
-    boot_log,
-    find_pid1,
-    launch_host,
-    launchers,
-    system_state,
-    wait_systemd,
-)
-from .hostexec import (
-    current_state,
-    exec_in,
-)
 from .teardown import (
     down_locked,
     kill_everything,
 )
-from .lifecycle import (
-    check_running,
-    down,
-    problems,
-    up,
-)
-from .leaks import (
-    leaks,
-    processes_connected_to_testbed,
-    testbed_socket_inodes,
-)
-from .packages import (
-    check_packages,
-    install_packages,
-    missing_packages,
-)
-from .cli import (
-    cmd_down,
-    cmd_exec,
-    cmd_install,
-    cmd_leaks,
-    cmd_status,
-    cmd_up,
-    main,
-    parse_args,
-    print_table,
-    status_rows,
+from .upper import (
+    mirror_dirs,
+    seed_file,
+    seed_symlink,
 )

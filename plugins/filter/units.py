@@ -11,7 +11,6 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import units
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
 
-
 RENDERERS: dict[str, Callable[..., str]] = {
     "gms": units.gms_unit,
     "etcd": units.etcd_unit,

@@ -64,7 +64,10 @@ lock_holder:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.cohort_state import lock_holder, rank_states
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.cohort_state import (
+    lock_holder,
+    rank_states,
+)
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
 
 

@@ -137,8 +137,14 @@ gms:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.cohort_state import lock_holder
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.events import read_events
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.faults import DrillError, choose_target, fault
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.faults import (
+    DrillError,
+    choose_target,
+    fault,
+)
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.node import (
     engine_processes,
     gms_state,
@@ -149,8 +155,6 @@ from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.no
     wait_settled,
     wait_steady,
 )
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.cohort_state import lock_holder
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.events import read_events
 
 
 def main() -> None:

@@ -258,7 +258,6 @@ field:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.model.errors import ModelError
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.model.spec import (
     spec_from_inventory,

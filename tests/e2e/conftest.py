@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest

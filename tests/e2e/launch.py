@@ -29,10 +29,9 @@ for _path in (str(REPO), str(LIB)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import Plan, Process, build_plan
-from shadowline.deployment.plan import unit_name
 from shadowline.control.waits import poll
+from shadowline.deployment.contract import parse_contract
+from shadowline.deployment.plan import Plan, Process, build_plan, unit_name
 from testbed.pytest_fixtures import load_testbed  # launch.load_testbed: tests/e2e/test_drills.py uses it
 
 RUNTIME_PY = REPO / ".runtime" / "bin" / "python"

@@ -79,9 +79,9 @@ class Site:
         if missing:
             pytest.fail(f"needs the earlier step(s) {missing} of this file, which did not pass")
 
-    def site(self, name: str, *extra_vars: str) -> PlaybookRun:
+    def site(self, name: str, *extra_vars: str, flags: tuple[str, ...] = ()) -> PlaybookRun:
         args = [a for v in (f"gms_cohorts={COHORTS}", *extra_vars) for a in ("-e", v)]
-        return run_playbook("site.yml", *args, log_name=name)
+        return run_playbook("site.yml", *args, *flags, log_name=name)
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +209,21 @@ def test_second_run_changes_nothing(site: Site, request: pytest.FixtureRequest) 
     after = all_unit_pids()
     assert after == before, f"the second run restarted units: before {before}, after {after}"
     site.steps["idempotent"] = True
+
+
+def test_check_mode_on_a_converged_deployment_reports_nothing_to_change(site: Site,
+                                                                        request: pytest.FixtureRequest) -> None:
+    """``site.yml --check --diff``, what an operator runs before a change: every task runs in check mode on the
+    converged testbed, nothing fails, nothing would change, and no unit was touched."""
+    site.need("idempotent")
+    before = all_unit_pids()
+    run = site.site("site-2b-check", flags=("--check", "--diff"))
+    say(request, f"site.yml --check --diff on the converged deployment: {run.seconds} s")
+    assert run.ok(), f"site.yml --check failed (rc {run.returncode}):\n{run.tail()}"
+    assert sorted(run.recap) == HOSTS, run.recap
+    changed = {h: r["changed"] for h, r in run.recap.items() if r["changed"]}
+    assert not changed, f"check mode would change {changed}: {run.changed_tasks()}"
+    assert all_unit_pids() == before, "check mode restarted units"
 
 
 # -- 4. changing only the shadows never restarts the serving primary --------------------------------------------- #

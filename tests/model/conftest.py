@@ -9,8 +9,8 @@ import ctypes
 import ctypes.util
 import json
 import os
-import signal
 import shutil
+import signal
 import socket
 import subprocess
 import sys

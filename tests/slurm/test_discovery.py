@@ -15,7 +15,6 @@ import signal
 import statistics
 import time
 
-
 from shadowline.control import discovery
 from shadowline.control.etcd_client import Etcd
 from shadowline.control.proc import listening_ports

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from shadowline.control.policy import RelaunchPolicy
+from shadowline.deployment.plan import Plan
 from shadowline.slurm.allocation import Node, concrete, read_spec
 from shadowline.slurm.job import job_context, sh
 from shadowline.slurm.options import SlurmOptions
-from shadowline.control.policy import RelaunchPolicy
-from shadowline.deployment.plan import Plan
 
 REPO = Path(__file__).resolve().parents[2]
 RENDER = REPO / "slurm" / "render"

@@ -16,13 +16,12 @@ import textwrap
 import time
 from pathlib import Path
 
-
 from shadowline.control import discovery, lock
 from shadowline.control.etcd_client import Etcd
 from shadowline.control.watchdog import EVENT_PREFIX, HANG_EXIT
 
-from ..standin import harness
 from ..loopback import free_port, wait_until
+from ..standin import harness
 
 LIB = Path(__file__).resolve().parents[2] / "plugins" / "module_utils"
 GPUS = ["GPU-7a1b2c3d-0000-4000-8000-0000000000b0", "GPU-7a1b2c3d-0000-4000-8000-0000000000b1"]

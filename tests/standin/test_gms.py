@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from . import harness
 from shadowline.control import lock
 from shadowline.standin import gms_client, settings, weights
+
+from . import harness
 
 GPUS = ["GPU-3f2a0c1e-0000-4000-8000-00000000000a", "GPU-3f2a0c1e-0000-4000-8000-00000000000b"]
 

@@ -10,8 +10,9 @@ import textwrap
 import threading
 import time
 
-from . import harness
 from shadowline.control import lock
+
+from . import harness
 
 HOLDER = textwrap.dedent("""
     import sys, time

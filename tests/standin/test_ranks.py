@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from . import harness
 from shadowline.control import failover_metrics as fm
 from shadowline.control import lock
+
+from . import harness
 
 GPUS = ["GPU-9d0e5b7c-0000-4000-8000-0000000000a0", "GPU-9d0e5b7c-0000-4000-8000-0000000000a1"]
 

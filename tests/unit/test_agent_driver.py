@@ -3,13 +3,37 @@ actions out. No process, no etcd, no testbed."""
 
 from __future__ import annotations
 
-from shadowline.control.actions import (AgentBack, AgentLost, AgentsSeen, BeginPromotion, ClearGmsLost, Declare,
-                                        EndPromotion, NoteLaunched, ProbePromotion, ProbeServing, PromotionActive,
-                                        PromotionRegistered, RecordActive, RevokeRegistration, SetHolder, SwapSlot)
+from shadowline.control.actions import (
+    AgentBack,
+    AgentLost,
+    AgentsSeen,
+    BeginPromotion,
+    ClearGmsLost,
+    Declare,
+    EndPromotion,
+    NoteLaunched,
+    ProbePromotion,
+    ProbeServing,
+    PromotionActive,
+    PromotionRegistered,
+    RecordActive,
+    RevokeRegistration,
+    SetHolder,
+    SwapSlot,
+)
 from shadowline.control.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
-from shadowline.control.driver_duties import (PROMOTION_TIMEOUT_S, PromotionSeen, lock_changed, relaunch_due,
-                                              republish_weights, revoke_due, running_due, stable_due,
-                                              verify_promotion, watch_agents)
+from shadowline.control.driver_duties import (
+    PROMOTION_TIMEOUT_S,
+    PromotionSeen,
+    lock_changed,
+    relaunch_due,
+    republish_weights,
+    revoke_due,
+    running_due,
+    stable_due,
+    verify_promotion,
+    watch_agents,
+)
 from shadowline.control.frontend import Request
 from shadowline.control.memory import DriverMemory, NodeMemory, Promotion
 from shadowline.control.observe import HealthAnswer

@@ -3,14 +3,36 @@ actions out. No process, no etcd, no testbed."""
 
 from __future__ import annotations
 
-from shadowline.control.actions import (AbandonStart, Confirm, Declare, FinishTeardown, Launch, Launched,
-                                        LaunchFailed, MarkHealthy, NoteDetected, Record, ReportGmsLost, TearDown,
-                                        WakeAt)
+from shadowline.control.actions import (
+    AbandonStart,
+    Confirm,
+    Declare,
+    FinishTeardown,
+    Launch,
+    Launched,
+    LaunchFailed,
+    MarkHealthy,
+    NoteDetected,
+    Record,
+    ReportGmsLost,
+    TearDown,
+    WakeAt,
+)
 from shadowline.control.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
 from shadowline.control.memory import LocalRank, NodeMemory, Start, Teardown
-from shadowline.control.node_duties import (abandon_stale_start, gms_exited, health_probe_timeout, judge_rank,
-                                            launch_due, rank_exited, retire_leftover, settle_failed, slot_failed,
-                                            start_progress, teardowns_due)
+from shadowline.control.node_duties import (
+    abandon_stale_start,
+    gms_exited,
+    health_probe_timeout,
+    judge_rank,
+    launch_due,
+    rank_exited,
+    retire_leftover,
+    settle_failed,
+    slot_failed,
+    start_progress,
+    teardowns_due,
+)
 from shadowline.control.observe import HealthAnswer, UnitState
 from shadowline.control.policy import HangPolicy
 from shadowline.control.view import Now

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from shadowline.drill.report import compute_report
 from shadowline.deployment.contract import parse_contract
 from shadowline.deployment.plan import build_plan
+from shadowline.drill.report import compute_report
 
 from .helpers import hostvars
 

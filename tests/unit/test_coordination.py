@@ -10,7 +10,6 @@ import pytest
 
 from shadowline.control.coordination import FAILED, LAUNCHING, RUNNING, Coordination, Slot
 from shadowline.control.etcd_client import Etcd
-
 from tests.loopback import start_etcd
 
 

@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 
 from shadowline.deployment.contract import parse_contract
+from shadowline.deployment.plan import Plan, build_plan
 from shadowline.drill.faults import FAULTS, DrillError, choose_target
 from shadowline.drill.load import run_load, summarize
 from shadowline.drill.report import compute_report, fault_time, render_timeline_table
 from shadowline.drill.svg import render_svg
-from shadowline.deployment.plan import Plan, build_plan
-
 from tests.unit.helpers import hostvars
 
 DATA = Path(__file__).parent / "data" / "drills"

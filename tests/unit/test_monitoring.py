@@ -9,7 +9,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-
 from shadowline.deployment import monitoring
 from shadowline.deployment.contract import parse_contract
 from shadowline.deployment.plan import Plan, build_plan

@@ -17,9 +17,27 @@ from dataclasses import dataclass, replace
 from ..deployment.contract import Failover
 from ..deployment.plan import Plan
 from . import observe
-from .actions import (Action, AgentBack, AgentLost, AgentsSeen, BeginPromotion, ClearGmsLost, Declare, EndPromotion, NoteLaunched,
-                      ObserveTeardown, ProbePromotion, ProbeServing, PromotionActive, PromotionRegistered, Record,
-                      RecordActive, RevokeRegistration, SetHolder, SwapSlot)
+from .actions import (
+    Action,
+    AgentBack,
+    AgentLost,
+    AgentsSeen,
+    BeginPromotion,
+    ClearGmsLost,
+    Declare,
+    EndPromotion,
+    NoteLaunched,
+    ObserveTeardown,
+    ProbePromotion,
+    ProbeServing,
+    PromotionActive,
+    PromotionRegistered,
+    Record,
+    RecordActive,
+    RevokeRegistration,
+    SetHolder,
+    SwapSlot,
+)
 from .cohort_state import leader_view, lock_holder
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
 from .etcd_client import EtcdError

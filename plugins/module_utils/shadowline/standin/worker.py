@@ -30,8 +30,8 @@ import time
 import urllib.error
 import urllib.request
 
-from . import unix_messages
 from ..control.http import fetch
+from . import unix_messages
 
 log = logging.getLogger("shadowline.standin.worker")
 
