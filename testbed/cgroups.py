@@ -51,7 +51,7 @@ def testbed_cgroup_dirs() -> list[Path]:
     for hierarchy in hierarchies():
         top = hierarchy / CGROUP_PARENT
         if top.is_dir():
-            found.extend(Path(d) for d, _, _ in os.walk(top))
+            found.extend(Path(d) for d, _dirs, _files in os.walk(top))
     return sorted(found, key=lambda p: len(p.parts), reverse=True)
 
 

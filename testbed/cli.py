@@ -48,13 +48,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_down(_: argparse.Namespace) -> int:
+def cmd_down(_args: argparse.Namespace) -> int:
     seconds = down()
     print(f"testbed down in {seconds:.2f} s")
     return 0
 
 
-def cmd_status(_: argparse.Namespace) -> int:
+def cmd_status(_args: argparse.Namespace) -> int:
     state = load_journal()
     if state is None:
         print("no testbed is up")
@@ -73,7 +73,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return 127  # not reached
 
 
-def cmd_leaks(_: argparse.Namespace) -> int:
+def cmd_leaks(_args: argparse.Namespace) -> int:
     found = leaks()
     for item in found:
         print(item)
@@ -82,14 +82,14 @@ def cmd_leaks(_: argparse.Namespace) -> int:
     return 1 if found else 0
 
 
-def cmd_install(_: argparse.Namespace) -> int:
+def cmd_install(_args: argparse.Namespace) -> int:
     installed = install_packages()
     print(f"installed: {' '.join(installed)}" if installed else "all packages already installed")
     return 0
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="testbed.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="testbed.py", description=__doc__.split("\n\n", maxsplit=1)[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("install-packages", help="apt-get install what the hosts need").set_defaults(func=cmd_install)
     p_up = sub.add_parser("up", help="boot the hosts (or check a running testbed)")

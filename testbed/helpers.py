@@ -14,7 +14,7 @@ from .errors import TestbedError
 def run(argv: Sequence[str], check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
     kw.setdefault("stdout", subprocess.PIPE)
     kw.setdefault("stderr", subprocess.PIPE)
-    proc = subprocess.run(list(argv), text=True, **kw)
+    proc = subprocess.run(list(argv), text=True, check=False, **kw)
     if check and proc.returncode != 0:
         raise TestbedError(f"{' '.join(argv)} failed ({proc.returncode}): {(proc.stderr or '').strip()}")
     return proc

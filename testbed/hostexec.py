@@ -24,4 +24,4 @@ def exec_in(host: str, argv: Sequence[str], pid: int | None = None, **kw: Any) -
     kw.setdefault("stderr", subprocess.PIPE)
     kw.setdefault("text", True)
     kw.setdefault("start_new_session", True)  # its own process group: a `kill 0` inside never reaches the caller
-    return subprocess.run(["nsenter", "-t", str(pid), "-a", "--", *argv], **kw)
+    return subprocess.run(["nsenter", "-t", str(pid), "-a", "--", *argv], check=kw.pop("check", False), **kw)

@@ -24,7 +24,6 @@ package ``testbed/``, one module per concern:
 Python standard library only.
 """
 
-# ruff: noqa: F401  (this file re-exports the names of the package, the API tests and scripts use)
 from __future__ import annotations
 
 import sys
@@ -193,3 +192,23 @@ from .upper import (
     seed_file,
     seed_symlink,
 )
+
+__all__ = [  # the package's names, re-exported: the API tests and scripts use
+    "ALWAYS_MASKED", "BOOT_TIMEOUT", "BRIDGE", "BRIDGE_ADDRESS", "CGROUP_CONF", "CGROUP_MOUNT", "CGROUP_PARENT",
+    "GROUP_VARS", "HOST_INIT", "HOST_TMPFS_SIZE", "Host", "INSTANCE", "INVENTORY", "JOURNAL", "JOURNALD_CONF",
+    "KEY_FILE", "KILL_TIMEOUT", "LOCK_FILE", "MAX_NODES", "NAME_PREFIX", "NETNS_DIR", "PACKAGES", "PACKAGE_LIST",
+    "PREFIX", "REPO_ROOT", "RESOLV_CONF", "SLURM_TIMEOUT", "SLURM_UNITS", "SSHD_CONF", "SSH_PORT", "SSH_UNITS",
+    "STATE_JSON", "STATE_ROOT", "SUFFIX", "State", "TESTBED_DIR", "TestbedError", "boot", "boot_log", "cgroup_pids",
+    "check_packages", "check_running", "cmd_down", "cmd_exec", "cmd_install", "cmd_leaks", "cmd_status", "cmd_up",
+    "comm", "current_state", "delete_network", "down", "down_locked", "enabled_units_on_machine", "ensure_key",
+    "enter_host_cgroups", "exec_in", "find_pid1", "hierarchies", "host_cgroups", "hosts_file", "in_testbed_cgroup",
+    "install_packages", "inventory_text", "is_mountpoint", "kill_everything", "launch_host", "launchers", "leaks",
+    "link_exists", "load_journal", "locked", "main", "make_bridge", "make_host_cgroups", "make_host_network",
+    "masked_units", "memory_usage", "mib", "mirror_dirs", "missing_packages", "mountpoints", "netns_pids",
+    "parse_args", "pid_alive", "plan", "prepare_host_dir", "print_table", "problems",
+    "processes_connected_to_testbed", "record_run_netns", "remove_cgroups", "remove_outputs", "require_root",
+    "restore_run_netns", "run", "save_journal", "seed_file", "seed_slurm", "seed_symlink", "seed_upper",
+    "slurm_conf", "slurm_node_states", "ssh_banner", "status_rows", "system_state", "testbed_cgroup_dirs",
+    "testbed_links", "testbed_mounts", "testbed_netns", "testbed_socket_inodes", "unmount_all", "up", "wait_slurm",
+    "wait_sshd", "wait_systemd", "wait_until", "write_json_atomic", "write_outputs",
+]

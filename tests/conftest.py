@@ -7,6 +7,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins" / "module_utils"))
 sys.path.insert(0, str(ROOT))
 
+# The end-to-end tests' shared fixtures (site_testbed, site_runtime), available to every test module that asks.
+pytest_plugins = ["tests.e2e.site_helpers"]
+
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ANN001 (pytest hook signature)
     """In CI (CI=true) a skipped test is a failure: every test must run on the CI machine."""

@@ -60,7 +60,7 @@ class ActionModule(ActionBase):
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
-        _, args = self.validate_argument_spec(argument_spec={
+        _unused, args = self.validate_argument_spec(argument_spec={
             "plan": {"type": "dict", "required": True},
             "reads": {"type": "list", "elements": "dict", "required": True},
         })

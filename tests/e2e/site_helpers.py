@@ -12,7 +12,7 @@ Testbed instances. Several testbeds run side by side on this machine; these test
 session import it for their own instance. So ``tb`` below is the module loaded a second time, under its own name,
 bound to instance 4 (``testbed.pytest_fixtures.load_testbed``); ``testbed.testbed`` itself is left alone.
 
-Fixtures (import them explicitly: ``from .site_helpers import site_runtime, site_testbed``):
+Fixtures (registered for every test by tests/conftest.py: ``pytest_plugins``):
 ``site_runtime`` (the engines' runtime and the tiny model, made when missing) and ``site_testbed`` (three hosts
 of instance 4, torn down at the end of the session; fails if anything of them is left).
 """
@@ -229,11 +229,11 @@ def ansible_adhoc(pattern: str, module: str, module_args: str = "", *args: str, 
     argv = [str(VENV_BIN / "ansible"), "-i", str(inventory), pattern, "-m", module,
             *(["-a", module_args] if module_args else []), *args]
     proc = subprocess.run(argv, cwd=REPO, env=ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)
     results: dict[str, dict[str, Any]] = {}
     decoder = json.JSONDecoder()
     for match in re.finditer(r"^(\S+) \| (SUCCESS|CHANGED|FAILED!|UNREACHABLE!) => ", proc.stdout, re.MULTILINE):
-        value, _ = decoder.raw_decode(proc.stdout, match.end())
+        value, _unused = decoder.raw_decode(proc.stdout, match.end())
         results[match.group(1)] = {**value, "_status": match.group(2)}
     if not results:
         raise AssertionError(f"{' '.join(argv[:6])}...: no result (rc {proc.returncode}):\n{proc.stdout[-3000:]}")
@@ -332,7 +332,7 @@ def marked_processes(host: str, deployment: str) -> dict[int, str]:
                         "echo \"${p%/environ} $(echo \"$e\" | sed -n 's/^SHADOWLINE_COHORT=//p')\"; done; true")
     found = {}
     for line in out.splitlines():
-        pid, _, cohort = line.partition(" ")
+        pid, _unused, cohort = line.partition(" ")
         found[int(pid)] = cohort.strip()
     return found
 
@@ -363,7 +363,7 @@ def http(method: str, url: str, body: dict[str, Any] | None = None, timeout: flo
 def chat_completion(frontend_url: str, model: str, attempts: int = 30, interval: float = 1.0) -> dict[str, Any]:
     """A chat completion through the frontend, retried at most ``attempts`` times; the response JSON."""
     seen = []
-    for _ in range(attempts):
+    for _unused in range(attempts):
         status, body = http("POST", f"{frontend_url}/v1/chat/completions",
                             {"model": model, "messages": [{"role": "user", "content": "shadowline e2e"}],
                              "max_tokens": 8}, timeout=30)

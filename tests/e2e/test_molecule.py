@@ -19,7 +19,7 @@ import pytest
 
 from testbed.pytest_fixtures import load_testbed, skip_reason
 
-from .site_helpers import (  # noqa: F401  (site_runtime: a fixture)
+from .site_helpers import (
     MOLECULE_INSTANCE,
     REPO,
     VENV_BIN,
@@ -27,7 +27,6 @@ from .site_helpers import (  # noqa: F401  (site_runtime: a fixture)
     instance_lock,
     run_logged,
     say,
-    site_runtime,
 )
 
 # In the order they build up a deployment (molecule's own --all order is alphabetical).

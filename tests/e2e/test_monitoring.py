@@ -19,14 +19,13 @@ import pytest
 
 from testbed.pytest_fixtures import load_testbed, skip_reason
 
-from .site_helpers import (  # noqa: F401  (site_runtime: a fixture)
+from .site_helpers import (
     NO_PROXY,
     PlaybookRun,
     ansible_adhoc,
     instance_lock,
     run_playbook,
     say,
-    site_runtime,
 )
 
 INSTANCE = "7"

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from .site_helpers import (  # noqa: F401  (site_runtime, site_testbed: fixtures)
+from .site_helpers import (
     PlaybookRun,
     chat_completion,
     cohort_info,
@@ -38,8 +38,6 @@ from .site_helpers import (  # noqa: F401  (site_runtime, site_testbed: fixtures
     proc_environ,
     run_playbook,
     say,
-    site_runtime,
-    site_testbed,
     status_table_rows,
     unit_states,
 )
@@ -270,7 +268,7 @@ def test_a_shadow_only_change_keeps_the_primary(site: Site) -> None:
             f"{host}: the drop-in of the removed cohort is still installed"
         left = [pid for pid, cohort in marked_processes(host, DEPLOYMENT).items() if cohort == "2"]
         assert not left, f"{host}: processes of the removed cohort 2 are left: {left}"
-        bound = [addr for addr, _ in listeners(host) if addr.rsplit(":", 1)[1] in gone_ports]
+        bound = [addr for addr, _process in listeners(host) if addr.rsplit(":", 1)[1] in gone_ports]
         assert not bound, f"{host}: ports of the removed cohort still listen: {bound}"
     check_cohorts(site, new)
     rows = status_table_rows(run.output)

@@ -9,7 +9,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from testbed.pytest_fixtures import skip_reason, testbed  # noqa: E402,F401  (testbed: the session fixture)
+from testbed.pytest_fixtures import skip_reason, testbed  # noqa: E402  (testbed: the session fixture)
+
+__all__ = ["testbed"]  # the session fixture these tests use, offered to them from here
 
 
 @pytest.fixture(autouse=True)

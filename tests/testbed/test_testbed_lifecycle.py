@@ -16,7 +16,7 @@ SCRIPT = Path(tb.__file__)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["/usr/bin/python3", str(SCRIPT), *args], capture_output=True, text=True, timeout=90)
+    return subprocess.run(["/usr/bin/python3", str(SCRIPT), *args], capture_output=True, text=True, timeout=90, check=False)
 
 
 def test_up_twice_only_checks(testbed):

@@ -131,6 +131,8 @@ def test_failover_settings_are_checked_with_their_fix():
         "gms_failover.planned_grace_s to a number at least 0 and at most 3600, e.g. 5."]
     (msg,) = problems_of(gms_failover={"planned_grace_s": "soon"})
     assert msg.startswith("gms_failover.planned_grace_s: must be a number, got the string 'soon'.")
+    assert problems_of(gms_failover={"planed_grace_s": 5}) == [
+        "gms_failover.planed_grace_s: is not a known key. Fix: did you mean 'planned_grace_s'? Rename it, or remove it."]
 
 
 @pytest.mark.parametrize("key, value, wanted", [
@@ -153,6 +155,3 @@ def test_relaunch_backoff_must_not_exceed_its_maximum():
         "Fix: set relaunch_backoff_max_s to at least relaunch_backoff_s."]
     assert problems_of(gms_failover={"relaunch_backoff_s": 2, "relaunch_backoff_max_s": 2}) == []
 
-
-    assert problems_of(gms_failover={"planed_grace_s": 5}) == [
-        "gms_failover.planed_grace_s: is not a known key. Fix: did you mean 'planned_grace_s'? Rename it, or remove it."]

@@ -253,7 +253,7 @@ def single_instance(path: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shadowline-agent", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="shadowline-agent", description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--plan", required=True, help="the cohort plan (JSON), as the agent role writes it")
     parser.add_argument("--host", required=True, help="this node's name in the plan")
     args = parser.parse_args(argv)

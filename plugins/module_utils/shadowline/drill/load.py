@@ -106,7 +106,7 @@ def read_results(path: str) -> tuple[list[dict[str, object]], dict[str, object] 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shadowline.drill.load", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="shadowline.drill.load", description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--url", required=True, help="the frontend, e.g. http://198.18.0.10:8000")
     parser.add_argument("--model", required=True, help="the served model name")
     parser.add_argument("--rate", type=float, default=20.0, help="requests per second (default 20)")

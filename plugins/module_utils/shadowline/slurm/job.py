@@ -128,10 +128,8 @@ def build_job_plan(shared: dict[str, Any], inventory_hosts: int) -> tuple[Plan |
 
 # -- the script's parts ------------------------------------------------------------------------------------- #
 
-JobContext = tuple[dict[str, Any] | None, list[Problem]]
-
-
-def job_context(shared: dict[str, Any], inventory_hosts: int = 1, source: str = "") -> JobContext:
+def job_context(shared: dict[str, Any], inventory_hosts: int = 1,
+                source: str = "") -> tuple[dict[str, Any] | None, list[Problem]]:
     """Everything slurm/job.sbatch.j2 renders, or (None, problems)."""
     plan, options, problems = build_job_plan(shared, inventory_hosts)
     if plan is None or options is None:
