@@ -154,4 +154,3 @@ def test_relaunch_backoff_must_not_exceed_its_maximum():
         "gms_failover.relaunch_backoff_max_s: is 2, below relaunch_backoff_s (10): the delay could never grow. "
         "Fix: set relaunch_backoff_max_s to at least relaunch_backoff_s."]
     assert problems_of(gms_failover={"relaunch_backoff_s": 2, "relaunch_backoff_max_s": 2}) == []
-
