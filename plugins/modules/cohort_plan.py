@@ -26,23 +26,12 @@ options:
     type: str
     default: gms_infra
 attributes:
-  platform:
-    platforms: posix
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  action:
-    support: full
   facts:
     support: full
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - shadowline.gms.controller_action
   - ansible.builtin.action_common_attributes.facts
 author:
   - shadowline contributors (@shadowline)

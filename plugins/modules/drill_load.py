@@ -54,22 +54,10 @@ options:
   stop_at:
     description: With I(state=stopped), the unix time to stop sending at (at most 60 s from now).
     type: float
-attributes:
-  platform:
-    platforms: posix
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  action:
-    support: full
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - shadowline.gms.controller_action
 author:
   - shadowline contributors (@shadowline)
 """

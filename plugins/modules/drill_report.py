@@ -58,22 +58,13 @@ options:
     description: Where to write the SVG instead.
     type: path
 attributes:
-  platform:
-    platforms: posix
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
     support: full
     details: Computes and returns the report, writes no file.
-  diff_mode:
-    support: none
-  action:
-    support: full
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - shadowline.gms.controller_action
 author:
   - shadowline contributors (@shadowline)
 """

@@ -36,24 +36,12 @@ options:
     description: The fact that M(shadowline.gms.preflight_facts) set on each node.
     type: str
     default: shadowline_node
-attributes:
-  platform:
-    platforms: posix
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  action:
-    support: full
 seealso:
   - module: shadowline.gms.preflight_facts
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - shadowline.gms.controller_action
 author:
   - shadowline contributors (@shadowline)
 """

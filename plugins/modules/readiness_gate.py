@@ -36,22 +36,10 @@ options:
     type: list
     elements: dict
     required: true
-attributes:
-  platform:
-    platforms: posix
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  action:
-    support: full
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - shadowline.gms.controller_action
 author:
   - shadowline contributors (@shadowline)
 """

@@ -1,4 +1,5 @@
-"""Every filter of the collection is documented for ``ansible-doc -t filter`` (a sidecar YAML beside its plugin)."""
+"""Every filter and role of the collection is documented for ``ansible-doc`` (filters: a sidecar YAML beside the
+plugin; roles: meta/argument_specs.yml)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,15 @@ def test_every_filter_has_documentation_that_ansible_doc_reads():
         assert doc["examples"] and f"shadowline.gms.{name}" in doc["examples"], name
         assert doc["return"]["_value"]["type"], name
     assert "Missing documentation" not in result.stderr, result.stderr
+
+
+def test_every_role_has_documentation_that_ansible_doc_reads():
+    roles = sorted(p.name for p in (ROOT / "roles").iterdir() if (p / "tasks").is_dir())
+    assert {"agent", "engine", "etcd", "monitoring", "python_env"} <= set(roles)
+    result = subprocess.run([BIN / "ansible-doc", "-t", "role", "--json", *[f"shadowline.gms.{r}" for r in roles]],
+                            env=ENV, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    docs = json.loads(result.stdout)
+    for role in roles:
+        entry = docs[f"shadowline.gms.{role}"]["entry_points"]["main"]
+        assert entry["short_description"] and entry.get("options") is not None, role
