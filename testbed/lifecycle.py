@@ -4,18 +4,32 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 from .boot import boot, system_state
 from .errors import TestbedError
 from .helpers import require_root
 from .inventory import write_outputs
 from .journal import State, load_journal, locked, plan, save_journal
-from .names import MAX_NODES, STATE_ROOT
+from .names import MAX_NODES, REPO_ROOT, STATE_ROOT
 from .network import record_run_netns
 from .packages import check_packages
 from .slurm import slurm_node_states
 from .ssh import ensure_key, ssh_banner
 from .teardown import down_locked
+
+HOST_PRIVATE_DIRS = ("/tmp", "/run")  # every host mounts a tmpfs of its own over these: the machine's files there are hidden
+
+
+def checkout_hidden(root: Path) -> str | None:
+    """Why the hosts cannot see this checkout (the runtime, the model and the library come from it), or None."""
+    real = str(root.resolve())
+    for hidden in HOST_PRIVATE_DIRS:
+        if real == hidden or real.startswith(hidden + "/"):
+            return (f"the checkout {real} is under {hidden}, which every testbed host mounts a tmpfs of its own over: "
+                    f"the hosts could not see it. Fix: clone the repository outside {' and '.join(HOST_PRIVATE_DIRS)} "
+                    "(e.g. under /srv or /root) and run from there.")
+    return None
 
 
 def up(nodes: int = 3, slurm: bool = False, keep_on_failure: bool = False) -> State:
@@ -23,6 +37,8 @@ def up(nodes: int = 3, slurm: bool = False, keep_on_failure: bool = False) -> St
     require_root()
     if not 1 <= nodes <= MAX_NODES:
         raise TestbedError(f"--nodes must be 1..{MAX_NODES}, not {nodes}")
+    if reason := checkout_hidden(REPO_ROOT):
+        raise TestbedError(reason)
     with locked():
         running = load_journal()
         if running is not None:

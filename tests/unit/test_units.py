@@ -69,3 +69,11 @@ def test_every_rendered_unit_passes_systemd_analyze_verify(tmp_path: Path):
                             env={**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"}, check=False)
     assert result.returncode == 0, result.stderr
     assert "ExecStart" not in result.stderr, result.stderr
+
+
+def test_the_agent_is_restarted_however_often_it_fails():
+    plan = typed_plan()
+    lines = units.agent_unit(plan, "node0").splitlines()
+    unit_section = lines[:lines.index("[Service]")]
+    assert "StartLimitIntervalSec=0" in unit_section and "Restart=always" in lines
+    assert "RestartPreventExitStatus=3" in lines  # a second agent on the node (the lock is held) stays down

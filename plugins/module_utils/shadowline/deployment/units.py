@@ -46,7 +46,8 @@ def exec_start(argv: tuple[str, ...] | list[str]) -> str:
 
 
 def _service(description: str, process: Process, read_write: list[str], *, user: str | None,
-             after: list[str], requires: list[str], restart: str, extra: tuple[str, ...] = ()) -> str:
+             after: list[str], requires: list[str], restart: str, extra: tuple[str, ...] = (),
+             unit_extra: tuple[str, ...] = ()) -> str:
     unit = [
         "[Unit]",
         f"Description={description}",
@@ -54,6 +55,7 @@ def _service(description: str, process: Process, read_write: list[str], *, user:
         "Wants=network-online.target",
     ]
     unit += [f"Requires={name}" for name in requires]
+    unit += list(unit_extra)
     unit += ["", "[Service]", "Type=exec"]
     if user:
         unit += [f"User={user}", f"Group={user}"]
@@ -136,10 +138,11 @@ def agent_process(plan: Plan, host: str) -> Process:
 
 def agent_unit(plan: Plan, host: str) -> str:
     """The node agent: root (it stops and starts the engine units and kills their cgroups), never restarted
-    into a second copy (it holds a lock), its state and event log under the deployment's state directory."""
+    into a second copy (it holds a lock), its state and event log under the deployment's state directory.
+    Restarted however often it fails (no start limit: a node without its agent has no failover at all)."""
     return _service(f"shadowline {plan.deployment}: failover agent", agent_process(plan, host),
                     [plan.state_dir, plan.socket_dir], user=None, after=[], requires=[], restart="always",
-                    extra=("RestartPreventExitStatus=3",))
+                    extra=("RestartPreventExitStatus=3",), unit_extra=("StartLimitIntervalSec=0",))
 
 
 def _on_host(processes: tuple[Process, ...], host: str) -> Process:
