@@ -57,7 +57,7 @@ class Agent:
         self.etcd = etcd
         self.coord = Coordination(etcd, plan.deployment)
         self.is_driver = plan.node(host).rank == 0
-        self.events = EventLog(plan.events_path, host)
+        self.events = EventLog(plan.events_path, host, deployment=plan.deployment)
         self.metrics = AgentMetrics(plan.deployment, host, plan.cohort_ids, driver=self.is_driver,
                                     model_dir=plan.model_dir)
         self.schedule = Schedule()
