@@ -14,7 +14,9 @@ description:
   - Polls one condition until it holds or I(timeout_s) passes - an HTTP status at I(url), at least I(count)
     files matching I(path_glob), or a live holder of the failover lock at I(lock_path) (optionally a given
     I(holder)).
-  - Fails with what it saw last, and reports how long it waited. Changes nothing.
+  - Fails with what it waited for, on which node (this host's name), for how long, and what it saw last; with
+    I(unit), also that unit's state and its last journal lines. Reports what it waited for and how long.
+    Changes nothing.
 options:
   url:
     description: URL to GET.
@@ -35,6 +37,12 @@ options:
     type: path
   holder:
     description: The lock holder that means ready (C(engine-<id>)); any live holder when unset.
+    type: str
+  what:
+    description: What is waited for, in words (V(the leader of cohort 0 healthy)); the condition when unset.
+    type: str
+  unit:
+    description: The systemd unit whose readiness this is; named, with its state and last log lines, on a timeout.
     type: str
   timeout_s:
     description: How long to wait.
@@ -61,6 +69,8 @@ EXAMPLES = r"""
 - name: Wait for the frontend
   shadowline.gms.wait_ready:
     url: http://198.18.0.10:8000/health
+    what: the frontend answering /health
+    unit: shadowline-llama-frontend.service
     timeout_s: 60
 """
 
@@ -69,7 +79,13 @@ waited_s:
   description: Seconds waited.
   returned: always
   type: float
+msg:
+  description: What was waited for, on which node, and for how long (C(<what> on <node> - ready after 3.2 s)).
+  returned: always
+  type: str
 """
+
+import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.waits import (
@@ -89,6 +105,8 @@ def main() -> None:
             "count": {"type": "int", "default": 1},
             "lock_path": {"type": "path"},
             "holder": {"type": "str"},
+            "what": {"type": "str"},
+            "unit": {"type": "str"},
             "timeout_s": {"type": "float", "default": 120},
             "interval_s": {"type": "float", "default": 0.1},
         },
@@ -103,10 +121,32 @@ def main() -> None:
         check = files_check(p["path_glob"], p["count"])
     else:
         check = holder_check(p["lock_path"], p["holder"])
+    what = p["what"] or (f"{p['url']} answering {p['status_code']}" if p["url"] else
+                         f"{p['count']} file(s) matching {p['path_glob']}" if p["path_glob"] else
+                         f"{p['holder'] or 'a live holder'} holding {p['lock_path']}")
+    node = os.uname().nodename
     ready, waited, seen = poll(check, p["timeout_s"], p["interval_s"])
     if not ready:
-        module.fail_json(msg=f"not ready after {waited:.1f} s: {seen}", waited_s=round(waited, 3))
-    module.exit_json(changed=False, waited_s=round(waited, 3))
+        msg = f"{what} on {node}: not ready after {waited:.1f} s; last seen: {seen}"
+        if p["unit"]:
+            msg += f"; unit {p['unit']} on {node}: {unit_summary(module, p['unit'])}"
+        module.fail_json(msg=msg, waited_s=round(waited, 3))
+    module.exit_json(changed=False, waited_s=round(waited, 3), msg=f"{what} on {node} - ready after {waited:.1f} s")
+
+
+def unit_summary(module: AnsibleModule, unit: str) -> str:
+    """The unit's state and its last log lines, for a timeout's message."""
+    systemctl, journalctl = module.get_bin_path("systemctl"), module.get_bin_path("journalctl")
+    if not systemctl:
+        return "no systemd here"
+    _rc, out, _err = module.run_command([systemctl, "show", "-p", "ActiveState", "-p", "SubState", "-p", "Result",
+                                        "--value", unit])
+    state = "/".join(part for part in out.split() if part) or "unknown"
+    logs = ""
+    if journalctl:
+        _rc, out, _err = module.run_command([journalctl, "-u", unit, "-n", "5", "--no-pager", "-o", "cat"])
+        logs = " | ".join(line.strip() for line in out.splitlines() if line.strip())
+    return f"{state}" + (f"; last log lines: {logs}" if logs else "")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ inventory ``.testbed-7/inventory``: deployment ``demo``, the CPU stand-in, a pri
    (Debian's package) scrapes every target of the targets files the role wrote, each ``up == 1``, read through
    Prometheus's HTTP API with bounded waits; the alert rules are loaded; a second run changes nothing;
 2. the serving leader is killed (``kill -9`` of engine@0's main pid on node0) and Prometheus sees
-   ``dynamo_component_engine_failover_state{state="active"}`` move to the other cohort.
+   ``dynamo_component_engine_failover_state{state="active"}`` move to the other cohort, and the agents' counters
+   move: detections, teardowns, promotions (and the teardown histogram's buckets), the active cohort, and the
+   parked shadows back to one once cohort 0 is relaunched; the journal of an agent holds the failure's
+   declaration with its fields (``journalctl -u shadowline-demo-agent SHADOWLINE_EVENT=failure-declared``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ INSTANCE = "7"
 DEPLOYMENT = "demo"
 HOSTS = ["node0", "node1"]
 ENGINE = f"shadowline-{DEPLOYMENT}-engine@{{}}.service"
+AGENT = f"shadowline-{DEPLOYMENT}-agent"
 PROMETHEUS_UNIT = f"shadowline-{DEPLOYMENT}-prometheus.service"
 TARGETS_DIR = f"/etc/prometheus/shadowline-{DEPLOYMENT}/targets"
 JOBS = ["shadowline-engine", "shadowline-agent", "shadowline-frontend", "shadowline-etcd", "shadowline-nats"]
@@ -154,7 +158,51 @@ def test_a_killed_leader_moves_the_active_state_to_the_other_cohort(
     wait_for("cohort 0 active", lambda: active_cohorts(monitored.url) == ["0"], 60)
     pid = int(host_sh("node0", f"systemctl show -p MainPID --value {ENGINE.format(0)}").strip() or 0)
     assert pid > 0
+    before = {name: agent_sum(monitored.url, name) for name in AGENT_COUNTERS}
+    killed_at = time.time()
     host_sh("node0", f"kill -9 {pid}")
     killed = time.monotonic()
     wait_for("cohort 1 active (and only it)", lambda: active_cohorts(monitored.url) == ["1"], 90)
-    say(request, f"monitoring: Prometheus saw cohort 1 active {time.monotonic() - killed:.1f} s after the kill")
+    switch_s = time.monotonic() - killed
+    for name in AGENT_COUNTERS:
+        wait_for(f"{name} increased (from {before[name]})", lambda n=name: agent_sum(monitored.url, n) > before[n],
+                 60)
+    buckets = api(monitored.url, "query", query=f'shadowline_agent_teardown_seconds_bucket{{deployment="{DEPLOYMENT}"}}')
+    assert {r["metric"]["le"] for r in buckets["result"]} >= {"0.01", "1.0", "60.0", "+Inf"}, buckets
+    wait_for("every agent sees cohort 1 active", lambda: agent_values(monitored.url, "active_cohort") == {1.0}, 60)
+    wait_for("cohort 0 relaunched: a shadow parked again on every agent's view",
+             lambda: agent_values(monitored.url, "parked_shadows") == {1.0}, 180)
+    parked_s = time.monotonic() - killed
+
+    def declared() -> list[dict[str, str]]:
+        found = []
+        for host in HOSTS:
+            out = host_sh(host, f"journalctl -u {AGENT} SHADOWLINE_EVENT=failure-declared -o json --no-pager "
+                                f"--since=@{int(killed_at) - 1}")
+            found += [json.loads(line) for line in out.splitlines() if line.strip()]
+        return [e for e in found if e.get("SHADOWLINE_COHORT") == "0"]
+
+    entries = wait_for("the kill's declaration in an agent's journal", declared, 30)
+    entry = entries[0]
+    assert entry["SHADOWLINE_DEPLOYMENT"] == DEPLOYMENT and entry["SHADOWLINE_NODE"] in HOSTS, entry
+    assert entry["SHADOWLINE_GENERATION"].isdigit() and entry["PRIORITY"] == "4", entry
+    assert "failure-declared" in entry["MESSAGE"] and entry["_SYSTEMD_UNIT"] == f"{AGENT}.service", entry
+    say(request, f"monitoring: Prometheus saw cohort 1 active {switch_s:.1f} s after the kill, the agents' "
+                 f"counters move, a shadow parked again after {parked_s:.0f} s; the journal of "
+                 f"{entry['SHADOWLINE_NODE']} has the declaration")
+
+
+AGENT_COUNTERS = ["detections_total", "teardowns_total", "promotions_total", "teardown_seconds_count"]
+
+
+def agent_sum(url: str, name: str) -> float:
+    """The sum over the deployment's agents of ``shadowline_agent_<name>``, through Prometheus."""
+    result = api(url, "query", query=f'sum(shadowline_agent_{name}{{deployment="{DEPLOYMENT}"}})')["result"]
+    return float(result[0]["value"][1]) if result else 0.0
+
+
+def agent_values(url: str, name: str) -> set[float]:
+    """The values of the gauge ``shadowline_agent_<name>`` of every agent, when every agent exports it."""
+    result = api(url, "query", query=f'shadowline_agent_{name}{{deployment="{DEPLOYMENT}"}}')["result"]
+    values = {r["metric"]["node"]: float(r["value"][1]) for r in result}
+    return set(values.values()) if set(values) == set(HOSTS) else set()

@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import socket
+import struct
 import threading
 import time
 from pathlib import Path
 
-from shadowline.control.events import EventLog, human_line, read_events
+import pytest
+
+from shadowline.control.events import ERR, INFO, WARNING, EventLog, human_line, read_events
 
 KEYS = {"time", "node", "cohort", "generation", "event", "detail"}
 
@@ -85,3 +89,116 @@ def test_read_events_since_skips_partial_lines_and_missing_files(tmp_path: Path)
         f.write('{"time": 300.0, "event": "half-writ')
     assert [e["event"] for e in read_events(str(path))] == ["old", "new"]
     assert [e["event"] for e in read_events(str(path), since=150.0)] == ["new"]
+
+
+# -- the journal ---------------------------------------------------------------------------------------------- #
+
+def parse_datagram(data: bytes) -> dict[str, str]:
+    """journald's native protocol, read as journald reads it (KEY=value lines, or KEY, a length and binary data)."""
+    fields: dict[str, str] = {}
+    while data:
+        head, sep, rest = data.partition(b"\n")
+        assert sep, data
+        if b"=" in head:
+            key, _unused, value = head.partition(b"=")
+            fields[key.decode()] = value.decode()
+            data = rest
+        else:
+            (size,) = struct.unpack("<Q", rest[:8])
+            fields[head.decode()] = rest[8:8 + size].decode()
+            assert rest[8 + size:9 + size] == b"\n"
+            data = rest[9 + size:]
+    return fields
+
+
+@pytest.fixture()
+def journal(tmp_path: Path):
+    path = str(tmp_path / "journal.socket")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(5)
+    yield path, sock
+    sock.close()
+
+
+def test_each_event_goes_to_the_journal_with_its_fields(tmp_path: Path, journal):
+    path, sock = journal
+    log = EventLog(str(tmp_path / "events.jsonl"), "node1", deployment="demo", journal=path)
+    log.write("failure-declared", 0, 3, reason="rank-exited")
+    log.write("launch-failed", 1, 4, status="line one\nline two")
+    log.write("agent-started", pid=7)
+    declared, failed, started = (parse_datagram(sock.recv(65536)) for _unused in range(3))
+    assert declared == {
+        "MESSAGE": 'shadowline cohort 0 gen 3: failure-declared {"reason": "rank-exited"}',
+        "PRIORITY": str(WARNING), "SYSLOG_IDENTIFIER": "shadowline", "SHADOWLINE_EVENT": "failure-declared",
+        "SHADOWLINE_COHORT": "0", "SHADOWLINE_GENERATION": "3", "SHADOWLINE_NODE": "node1",
+        "SHADOWLINE_DEPLOYMENT": "demo", "SHADOWLINE_DETAIL": '{"reason": "rank-exited"}'}
+    assert failed["PRIORITY"] == str(ERR) and json.loads(failed["SHADOWLINE_DETAIL"]) == {
+        "status": "line one\nline two"}
+    assert started["PRIORITY"] == str(INFO) and "SHADOWLINE_COHORT" not in started
+    assert [e["event"] for e in read_events(str(tmp_path / "events.jsonl"))] == [
+        "failure-declared", "launch-failed", "agent-started"]  # the file has them too
+
+
+def test_a_value_with_a_newline_is_sent_in_the_binary_form(tmp_path: Path, journal):
+    path, sock = journal
+    EventLog(str(tmp_path / "events.jsonl"), "node0", journal=path).write("x", when=1.0, note="a")
+    raw = sock.recv(65536)
+    assert raw.startswith(b"MESSAGE=") and b"SHADOWLINE_DEPLOYMENT" not in raw
+    from shadowline.control.events import journal_datagram
+    binary = journal_datagram({"MESSAGE": "one\ntwo", "PRIORITY": "6"})
+    assert binary == b"MESSAGE\n" + struct.pack("<Q", 7) + b"one\ntwo\nPRIORITY=6\n"
+    assert parse_datagram(binary) == {"MESSAGE": "one\ntwo", "PRIORITY": "6"}
+
+
+def test_no_journal_socket_is_no_error(tmp_path: Path):
+    log = EventLog(str(tmp_path / "events.jsonl"), "node0", journal=str(tmp_path / "absent.socket"))
+    log.write("rank-exited", 0, 1)
+    full = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # bound but never read: it fills up, writes go on
+    full.bind(str(tmp_path / "full.socket"))
+    busy = EventLog(str(tmp_path / "events.jsonl"), "node0", journal=str(tmp_path / "full.socket"))
+    started = time.monotonic()
+    for i in range(2000):
+        busy.write("tick", 0, i, payload="z" * 1000)
+    full.close()
+    assert time.monotonic() - started < 10  # never blocked on the journal
+    assert len(list(read_events(str(tmp_path / "events.jsonl")))) == 2001
+
+
+# -- rotation ------------------------------------------------------------------------------------------------- #
+
+def test_the_file_is_rotated_by_size_keeping_three_and_readers_miss_no_line(tmp_path: Path):
+    path = tmp_path / "events.jsonl"
+    log = EventLog(str(path), "node0", journal=None, rotate_bytes=4096)
+    for i in range(100):
+        log.write("tick", 0, i, payload="p" * 200)  # about 300 bytes a line: 13 a file
+    sizes = {p.name: p.stat().st_size for p in tmp_path.iterdir() if p.name.startswith("events.jsonl")}
+    assert set(sizes) == {"events.jsonl", "events.jsonl.1", "events.jsonl.2", "events.jsonl.3", "events.jsonl.lock"}
+    assert all(size <= 4096 for name, size in sizes.items())
+    kept = [r["generation"] for r in read_events(str(path))]
+    assert kept == list(range(100 - len(kept), 100)) and len(kept) > 3 * 12  # in order, the oldest gone
+    since = time.time()
+    time.sleep(0.01)
+    for i in range(100, 130):  # the drills' reading: from a fault's time on, across a rotation
+        log.write("tick", 0, i, payload="p" * 200)
+    assert [r["generation"] for r in read_events(str(path), since)] == list(range(100, 130))
+
+
+def test_writers_of_several_processes_rotate_once_and_keep_every_line(tmp_path: Path):
+    path = str(tmp_path / "events.jsonl")
+
+    def write(node: str) -> None:
+        log = EventLog(path, node, journal=None, rotate_bytes=200_000)
+        for i in range(300):
+            log.write("tick", 0, i, payload="q" * 200)
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=write, args=(f"proc{n}",)) for n in range(3)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+    assert all(p.exitcode == 0 for p in procs)
+    records = list(read_events(path))
+    assert len(records) == 900  # about 270 kB in all: one rotation, nothing lost or torn
+    assert os.path.exists(path + ".1") and not os.path.exists(path + ".2")

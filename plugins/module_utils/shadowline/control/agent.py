@@ -34,7 +34,7 @@ from typing import Any
 
 from ..deployment.plan import Plan
 from . import observe
-from .agent_metrics import AgentMetrics
+from .agent_metrics import CONTENT_TYPE, AgentMetrics, MetricsUnavailable
 from .coordination import LAUNCHING, RUNNING, Coordination, Slot
 from .driver_duties import DriverDuties
 from .etcd_client import Etcd, EtcdError, Event
@@ -57,8 +57,9 @@ class Agent:
         self.etcd = etcd
         self.coord = Coordination(etcd, plan.deployment)
         self.is_driver = plan.node(host).rank == 0
-        self.events = EventLog(plan.events_path, host)
-        self.metrics = AgentMetrics(plan.deployment, host)
+        self.events = EventLog(plan.events_path, host, deployment=plan.deployment)
+        self.metrics = AgentMetrics(plan.deployment, host, plan.cohort_ids, driver=self.is_driver,
+                                    model_dir=plan.model_dir)
         self.schedule = Schedule()
         self.memory = NodeMemory()
         self.driver_memory = DriverMemory() if self.is_driver else None
@@ -106,6 +107,8 @@ class Agent:
                 self.schedule.next_sync = now.mono + SYNC_S
                 if view is not None:
                     self.node.reconcile(view, now)
+                    self.metrics.show_view(view)
+                self.metrics.show_node(gms_server_up=self.gms_pidfd is not None)
             if check:
                 promoting = self.driver_memory is not None and self.driver_memory.promotion is not None
                 self.schedule.next_check = now.mono + (TICK_S if promoting else CHECK_S)  # verify it closely
@@ -226,9 +229,9 @@ def serve_metrics(agent: Agent, address: str, port: int) -> ThreadingHTTPServer:
             if self.path not in ("/metrics", "/health"):
                 self.send_error(404)
                 return
-            body = (agent.metrics.render() if self.path == "/metrics" else "ok\n").encode()
+            body = agent.metrics.render() if self.path == "/metrics" else b"ok\n"
             self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Type", CONTENT_TYPE)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -261,7 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.host not in plan.hosts:
         parser.error(f"--host {args.host} is not a node of deployment {plan.deployment}")
     _lock = single_instance(plan.agent_lock_path(args.host))
-    agent = Agent(plan, args.host, Etcd(plan.infra.etcd_endpoints))
+    try:
+        agent = Agent(plan, args.host, Etcd(plan.infra.etcd_endpoints))
+    except MetricsUnavailable as err:
+        print(err, file=sys.stderr)
+        return 2
 
     def stop(_signum: int, _frame: Any) -> None:
         agent.stopping = True

@@ -1,53 +1,152 @@
-"""The agent's own Prometheus metrics: counts of detections, teardowns, promotions and relaunches, and the
-durations of each, in the text exposition format."""
+"""The agent's own Prometheus metrics, through ``prometheus_client`` (the engines' runtime, where the agent runs):
+counters of what it did, the durations of a failover's phases as histograms, and gauges of what it sees.
+
+Every series has the labels ``deployment`` and ``node`` (this agent's) and lives in a registry of its own, not
+the process's global one. The names are the ones the alert rules (roles/monitoring/files/rules/) and the
+dashboard (roles/monitoring/files/grafana/) are written against; docs/monitoring.md lists them.
+
+This module is also part of the Ansible collection's module_utils, which Ansible's sanity test imports without
+third-party packages: ``prometheus_client`` is imported when present, and ``AgentMetrics`` refuses to be built
+without it (``MetricsUnavailable``: the agent says so when it starts). No Ansible module imports this module.
+"""
 
 from __future__ import annotations
 
-import threading
-from collections import defaultdict
+from collections.abc import Iterable
 
+from ..model.spec import status_path_for
+from ..model.status import READY, read_status
+from .coordination import DEAD, FAILED, LAUNCHING, RUNNING
+from .policy import COLLECTIVE_STALLED, LEADER_HUNG
+from .view import DeploymentView
+
+try:
+    import prometheus_client
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+except ImportError:  # Ansible's sanity import test; the agent's runtime has it (requirements/runtime.lock)
+    prometheus_client = None  # pylint: disable=invalid-name
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text exposition format generate_latest writes
 PREFIX = "shadowline_agent_"
-COUNTERS = {
-    "detections_total": "Failures detected by this agent, by reason.",
-    "teardowns_total": "Generations whose ranks this agent removed from its node.",
-    "promotions_total": "Promotions verified by this agent (lock holder changed and serving).",
-    "relaunches_total": "Ranks of a new generation started by this agent.",
-    "slots_dead_total": "Slots given up after a crash loop.",
+SLOT_STATES = (LAUNCHING, RUNNING, FAILED, DEAD)
+# Reasons a failure is declared for (node_duties.py, driver_duties.py, policy.py), exported at 0 from the start
+# so that Prometheus's increase() sees the first detection; another reason gets its series when it happens.
+DETECTION_REASONS = ("rank-exited", "launch-failed", "launch-timeout", LEADER_HUNG, COLLECTIVE_STALLED,
+                     "node-lost", "gms-republish")
+# A failover's phases take from about 10 ms (a teardown) to tens of seconds (a relaunch that loads weights).
+BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+
+COUNTERS = {  # name (prometheus_client adds "_total") -> help
+    "detections": "Failures this agent declared, by reason.",
+    "teardowns": "Generations whose ranks this agent removed from its node.",
+    "promotions": "Promotions this agent (the driver) verified: the lock holder changed and serves.",
+    "promotions_unverified": "Failures after which this agent (the driver) saw no new lock holder serving in time.",
+    "relaunches": "Ranks of a new generation this agent started on its node.",
+    "slots_dead": "Slots this agent (the driver) gave up after a crash loop.",
+    "agents_lost": "Other nodes' agents whose etcd lease this agent (the driver) saw expire.",
 }
-DURATIONS = {
-    "teardown_seconds": "From the failure's detection to this node's ranks of the generation being gone.",
-    "promotion_seconds": "From the failure's detection to the new lock holder serving.",
-    "relaunch_seconds": "From the failure's detection to the new generation's ranks running on this node.",
+HISTOGRAMS = {  # name -> help
+    "teardown_seconds": "Seconds from a failure's detection to its generation's ranks gone on every node (driver).",
+    "promotion_seconds": "Seconds from a failure's detection to the new lock holder serving (driver).",
+    "relaunch_seconds": "Seconds from a failure's detection to the new generation's rank running on this node.",
 }
+GAUGES = {  # name -> (help, labels besides deployment and node)
+    "slot_state": ("Each cohort's slot as this agent last read it from etcd, one-hot over launching, running, "
+                   "failed, dead.", ("cohort", "state")),
+    "active_cohort": ("The cohort recorded as serving in etcd, -1 when none.", ()),
+    "parked_shadows": ("Cohorts whose slot is running and that are not the active one: shadows parked.", ()),
+    "driver": ("1 on the driver node (node rank 0: verifies promotions, relaunches slots), else 0.", ()),
+    "gms_server_up": ("1 while this node's GMS server unit is active with a main process, else 0.", ()),
+    "model_ready": ("1 when this node's model status file says Ready (staged and verified), else 0; no series "
+                    "when shadowline does not stage the model.", ()),
+    "model_info": ("1, with the manifest digest of the model this node holds Ready.", ("digest",)),
+}
+
+
+class MetricsUnavailable(RuntimeError):
+    """prometheus_client is not importable: the agent runs from an interpreter without the runtime."""
 
 
 class AgentMetrics:
-    def __init__(self, deployment: str, node: str) -> None:
-        self.labels = f'deployment="{deployment}",node="{node}"'
-        self.counters: dict[tuple[str, str], float] = defaultdict(float)
-        self.durations: dict[str, list[float]] = defaultdict(list)
-        self.lock = threading.Lock()
+    """The agent's registry. The loop and the executor call ``count``, ``observe``, ``show_view`` and
+    ``show_node``; the HTTP server calls ``render``. prometheus_client's metrics are thread-safe."""
 
+    def __init__(self, deployment: str, node: str, cohorts: Iterable[int] = (), *, driver: bool = False,
+                 model_dir: str = "") -> None:
+        if prometheus_client is None:
+            raise MetricsUnavailable(
+                "shadowline-agent: prometheus_client is not importable; run the agent with the engines' runtime "
+                "(the plan's `python`, which requirements/runtime.lock installs it into)")
+        prometheus_client.disable_created_metrics()  # no *_created series: the dashboard and rules use none
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.constant = {"deployment": deployment, "node": node}
+        self.cohorts = tuple(cohorts)
+        self.model_status_path = status_path_for(model_dir) if model_dir else ""
+        self.model_digest: str | None = None  # the digest model_info shows
+        base = ("deployment", "node")
+        self.counters = {name: Counter(PREFIX + name, text, base + (("reason",) if name == "detections" else ()),
+                                       registry=self.registry) for name, text in COUNTERS.items()}
+        self.histograms = {name: Histogram(PREFIX + name, text, base, buckets=BUCKETS, registry=self.registry)
+                           for name, text in HISTOGRAMS.items()}
+        self.gauges = {name: Gauge(PREFIX + name, text, base + extra, registry=self.registry)
+                       for name, (text, extra) in GAUGES.items()}
+        for name, counter in self.counters.items():  # every series exists from the start, at 0
+            if name == "detections":
+                for reason in DETECTION_REASONS:
+                    counter.labels(**self.constant, reason=reason)
+            else:
+                counter.labels(**self.constant)
+        for histogram in self.histograms.values():
+            histogram.labels(**self.constant)
+        self.gauges["driver"].labels(**self.constant).set(1 if driver else 0)
+        self.gauges["active_cohort"].labels(**self.constant).set(-1)
+        self.gauges["parked_shadows"].labels(**self.constant).set(0)
+        for cohort in cohorts:
+            for state in SLOT_STATES:
+                self.gauges["slot_state"].labels(**self.constant, cohort=str(cohort), state=state).set(0)
+
+    # --- what the agent did --------------------------------------------------------------------------------------
     def count(self, name: str, reason: str = "") -> None:
-        with self.lock:
-            self.counters[(name, reason)] += 1
+        """Add one to counter ``name`` (a key of COUNTERS, with or without ``_total``); ``reason`` for detections."""
+        name = name.removesuffix("_total")
+        labels = dict(self.constant, reason=reason) if name == "detections" else self.constant
+        self.counters[name].labels(**labels).inc()
 
     def observe(self, name: str, seconds: float) -> None:
-        with self.lock:
-            self.durations[name].append(seconds)
+        self.histograms[name].labels(**self.constant).observe(max(0.0, seconds))
 
-    def render(self) -> str:
-        lines: list[str] = []
-        with self.lock:
-            for name, help_text in COUNTERS.items():
-                lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} counter"]
-                samples = {reason: v for (n, reason), v in self.counters.items() if n == name} or {"": 0.0}
-                for reason, value in sorted(samples.items()):
-                    extra = f',reason="{reason}"' if reason else ""
-                    lines.append(f"{PREFIX}{name}{{{self.labels}{extra}}} {value:g}")
-            for name, help_text in DURATIONS.items():
-                values = self.durations.get(name, [])
-                lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} summary"]
-                lines.append(f"{PREFIX}{name}_count{{{self.labels}}} {len(values)}")
-                lines.append(f"{PREFIX}{name}_sum{{{self.labels}}} {sum(values):.6f}")
-        return "\n".join(lines) + "\n"
+    # --- what it sees ----------------------------------------------------------------------------------------------
+    def show_view(self, view: DeploymentView) -> None:
+        """The gauges of the deployment's state, from the view the agent read from etcd this tick."""
+        slot_state = self.gauges["slot_state"]
+        for cohort in sorted(set(self.cohorts) | set(view.slots)):
+            slot = view.slot(cohort)
+            for state in SLOT_STATES:
+                on = slot is not None and slot.state == state
+                slot_state.labels(**self.constant, cohort=str(cohort), state=state).set(1 if on else 0)
+        active = view.active.cohort if view.active is not None else None
+        self.gauges["active_cohort"].labels(**self.constant).set(-1 if active is None else active)
+        parked = sum(1 for c, e in view.slots.items() if e.slot.state == RUNNING and c != active)
+        self.gauges["parked_shadows"].labels(**self.constant).set(parked)
+
+    def show_node(self, gms_server_up: bool) -> None:
+        """The gauges of this node: its GMS server, and its model status file (read here, a small JSON file)."""
+        self.gauges["gms_server_up"].labels(**self.constant).set(1 if gms_server_up else 0)
+        status = read_status(self.model_status_path) if self.model_status_path else None
+        if status is None:
+            return
+        ready = status.state == READY and bool(status.digest)
+        self.gauges["model_ready"].labels(**self.constant).set(1 if ready else 0)
+        digest = str(status.digest) if ready else None
+        if digest != self.model_digest:  # one digest at a time: the one held now
+            info = self.gauges["model_info"]
+            if self.model_digest is not None:
+                info.remove(*self.constant.values(), self.model_digest)
+            if digest is not None:
+                info.labels(**self.constant, digest=digest).set(1)
+            self.model_digest = digest
+
+    # --- the exposition --------------------------------------------------------------------------------------------
+    def render(self) -> bytes:
+        """The text exposition format (``CONTENT_TYPE``), label values escaped by prometheus_client."""
+        return prometheus_client.generate_latest(self.registry)

@@ -169,7 +169,8 @@ class Supervisor:
         output_dir = os.environ.get("SL_OUTPUT_DIR") or os.environ.get("SLURM_SUBMIT_DIR") or os.getcwd()
         self.job_dir = os.path.join(output_dir, f"{name}-{self.job_id}")
         os.makedirs(os.path.join(self.job_dir, "steps"), exist_ok=True)
-        self.events = EventLog(os.path.join(self.job_dir, "events.jsonl"), self.host, echo=True, mode=0o644)
+        self.events = EventLog(os.path.join(self.job_dir, "events.jsonl"), self.host, echo=True, mode=0o644,
+                               deployment=self.spec_plan.deployment)
         print(f"shadowline: job directory {self.job_dir}", flush=True)
         self.export_nodes()
         expected = len(self.spec_plan.nodes)
