@@ -261,13 +261,13 @@ def cohort_info(plan: dict[str, Any], vars_dir: Path) -> dict[str, dict[str, Any
     return results
 
 
-STATUS_ROW = re.compile(r'^\s*"(?P<cohort>\d+)\s+(?P<role>primary|shadow)\s+(?P<node>\S+)\s+(?P<rank>\d+)\s+'
-                        r'(?P<pid>\d+|-)\s+(?P<state>\S+)\s+(?P<lock>holder)?\s*(?P<ports>\d+/\d+/\d+)\s+(?P<model>\S+)",?$',
+STATUS_ROW = re.compile(r'^\s*"?(?P<cohort>\d+)\s+(?P<role>primary|shadow)\s+(?P<node>\S+)\s+(?P<rank>\d+)\s+'
+                        r'(?P<pid>\d+|-)\s+(?P<state>\S+)\s+(?P<lock>holder)?\s*(?P<ports>\d+/\d+/\d+)\s+(?P<model>[^\s"]+)"?,?$',
                         re.MULTILINE)
 
 
 def status_table_rows(output: str) -> list[dict[str, str]]:
-    """The rows of the last status table a playbook printed (playbooks/status.yml's debug of the table lines)."""
+    """The rows of the last status table a playbook printed (playbooks/status.yml's shadowline.gms.show)."""
     start = output.rfind("TASK [Print the status table]")
     assert start >= 0, "the playbook printed no status table"
     return [m.groupdict() for m in STATUS_ROW.finditer(output[start:])]

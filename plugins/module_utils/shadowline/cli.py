@@ -138,15 +138,17 @@ STATUS_TASK = "TASK [Print the status table]"
 
 
 def status_lines(output: str) -> list[str]:
-    """The table lines of playbooks/status.yml, out of the default callback's output (its debug message)."""
+    """The table lines of playbooks/status.yml (printed by shadowline.gms.show between its task banner and the
+    task's result line)."""
     start = output.rfind(STATUS_TASK)
-    if start < 0 or "=> {" not in output[start:]:
+    if start < 0:
         return []
-    try:
-        result, _unused = json.JSONDecoder().raw_decode(output, output.index("=> {", start) + 3)
-    except ValueError:
-        return []
-    return [str(line) for line in result.get("msg", [])] if isinstance(result.get("msg"), list) else []
+    lines = []
+    for line in output[start:].splitlines()[1:]:
+        if line.startswith(("ok: [", "changed: [", "fatal: [", "skipping: [")):
+            return lines
+        lines.append(line)
+    return []
 
 
 def local_status(plan_path: str, host: str | None) -> int:

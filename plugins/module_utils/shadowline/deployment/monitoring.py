@@ -23,7 +23,7 @@ from typing import Any
 
 from .contract import Monitoring
 from .plan import Plan, Process
-from .units import _service
+from .units import service_unit
 
 JOBS = ("shadowline-engine", "shadowline-agent", "shadowline-frontend", "shadowline-etcd", "shadowline-nats")
 PROMETHEUS = "/usr/bin/prometheus"
@@ -157,14 +157,14 @@ def blackbox_process(plan: Plan) -> Process:
 def prometheus_unit(plan: Plan) -> str:
     """shadowline-<deployment>-prometheus.service: hardened like the others, its own data directory; SIGHUP
     (systemctl reload) rereads prometheus.yml and the rules; targets files are reread on change by themselves."""
-    return _service(f"shadowline {plan.deployment}: Prometheus", prometheus_process(plan), [data_dir(plan)],
-                    user=plan.service_user, after=[], requires=[], restart="on-failure",
+    return service_unit(f"shadowline {plan.deployment}: Prometheus", prometheus_process(plan), [data_dir(plan)],
+                    user=plan.service_user, after=[], restart="on-failure",
                     extra=("ExecReload=/bin/kill -HUP $MAINPID",))
 
 
 def blackbox_unit(plan: Plan) -> str:
-    return _service(f"shadowline {plan.deployment}: blackbox exporter (probes NATS for Prometheus)",
-                    blackbox_process(plan), [], user=plan.service_user, after=[], requires=[],
+    return service_unit(f"shadowline {plan.deployment}: blackbox exporter (probes NATS for Prometheus)",
+                    blackbox_process(plan), [], user=plan.service_user, after=[],
                     restart="on-failure")
 
 

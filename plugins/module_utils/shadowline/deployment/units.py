@@ -45,16 +45,16 @@ def exec_start(argv: tuple[str, ...] | list[str]) -> str:
     return "ExecStart=" + " ".join(systemd_quote(a) for a in argv)
 
 
-def _service(description: str, process: Process, read_write: list[str], *, user: str | None,
-             after: list[str], requires: list[str], restart: str, extra: tuple[str, ...] = (),
-             unit_extra: tuple[str, ...] = ()) -> str:
+def service_unit(description: str, process: Process, read_write: list[str], *, user: str | None,
+                 after: list[str], restart: str, extra: tuple[str, ...] = (), unit_extra: tuple[str, ...] = ()) -> str:
+    """A hardened service unit running ``process`` verbatim (every long-running process of a deployment but the
+    engines, whose template unit is engine_template)."""
     unit = [
         "[Unit]",
         f"Description={description}",
         "After=network-online.target " + " ".join(after),
         "Wants=network-online.target",
     ]
-    unit += [f"Requires={name}" for name in requires]
     unit += list(unit_extra)
     unit += ["", "[Service]", "Type=exec"]
     if user:
@@ -70,25 +70,25 @@ def _service(description: str, process: Process, read_write: list[str], *, user:
 
 
 def gms_unit(plan: Plan, host: str) -> str:
-    return _service(f"shadowline {plan.deployment}: GPU Memory Service server", plan.gms_server_on(host),
-                    [plan.socket_dir], user=plan.service_user, after=[], requires=[], restart="on-failure")
+    return service_unit(f"shadowline {plan.deployment}: GPU Memory Service server", plan.gms_server_on(host),
+                    [plan.socket_dir], user=plan.service_user, after=[], restart="on-failure")
 
 
 def etcd_unit(plan: Plan, host: str) -> str:
-    return _service(f"shadowline {plan.deployment}: etcd member", _on_host(plan.infra.etcd, host),
-                    [f"{plan.state_dir}/etcd"], user=plan.service_user, after=[], requires=[], restart="on-failure")
+    return service_unit(f"shadowline {plan.deployment}: etcd member", _on_host(plan.infra.etcd, host),
+                    [f"{plan.state_dir}/etcd"], user=plan.service_user, after=[], restart="on-failure")
 
 
 def nats_unit(plan: Plan, host: str) -> str:
-    return _service(f"shadowline {plan.deployment}: NATS with JetStream", _on_host(plan.infra.nats, host),
-                    [f"{plan.state_dir}/nats"], user=plan.service_user, after=[], requires=[], restart="on-failure")
+    return service_unit(f"shadowline {plan.deployment}: NATS with JetStream", _on_host(plan.infra.nats, host),
+                    [f"{plan.state_dir}/nats"], user=plan.service_user, after=[], restart="on-failure")
 
 
 def frontend_unit(plan: Plan) -> str:
     process = plan.infra.frontend
     infra = [plan.unit_name("etcd"), plan.unit_name("nats")]
-    return _service(f"shadowline {plan.deployment}: Dynamo frontend (OpenAI API)", process,
-                    [process.env["HOME"]], user=plan.service_user, after=infra, requires=[], restart="on-failure")
+    return service_unit(f"shadowline {plan.deployment}: Dynamo frontend (OpenAI API)", process,
+                    [process.env["HOME"]], user=plan.service_user, after=infra, restart="on-failure")
 
 
 def engine_template(plan: Plan) -> str:
@@ -140,8 +140,8 @@ def agent_unit(plan: Plan, host: str) -> str:
     """The node agent: root (it stops and starts the engine units and kills their cgroups), never restarted
     into a second copy (it holds a lock), its state and event log under the deployment's state directory.
     Restarted however often it fails (no start limit: a node without its agent has no failover at all)."""
-    return _service(f"shadowline {plan.deployment}: failover agent", agent_process(plan, host),
-                    [plan.state_dir, plan.socket_dir], user=None, after=[], requires=[], restart="always",
+    return service_unit(f"shadowline {plan.deployment}: failover agent", agent_process(plan, host),
+                    [plan.state_dir, plan.socket_dir], user=None, after=[], restart="always",
                     extra=("RestartPreventExitStatus=3",), unit_extra=("StartLimitIntervalSec=0",))
 
 
