@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from . import console
 from .deployment.plan import Plan
 
 PROG = "shadowline"
@@ -69,10 +70,10 @@ def plan_of(inventory: str) -> dict:
 def cmd_plan(args: argparse.Namespace) -> int:
     plan = plan_of(args.inventory)
     if args.json:
-        print(json.dumps(plan, indent=2))
+        console.out(json.dumps(plan, indent=2))
         return 0
     for line in plan_lines(plan):
-        print(line)
+        console.out(line)
     return 0
 
 
@@ -110,12 +111,12 @@ def cmd_drill_report(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as err:
         raise SystemExit(f"{PROG} drill-report: cannot read {path}: {err}") from None
     for line in render_timeline_table(report):
-        print(line)
+        console.out(line)
     evidence = report.get("evidence") or {}
     if args.svg != "-" and "requests" in evidence:
         svg = Path(args.svg) if args.svg else path.with_suffix(".svg")
         svg.write_text(render_svg(report, evidence["requests"], evidence.get("nodes") or []))
-        print(f"timeline: {svg}")
+        console.out(f"timeline: {svg}")
     return 0 if report.get("passed", True) else 1
 
 
@@ -128,9 +129,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     run = subprocess.run(argv, cwd=CHECKOUT if in_checkout() else None, env=env, capture_output=True, text=True, check=False)
     lines = status_lines(run.stdout)
     if run.returncode != 0 or not lines:
-        print(run.stdout + run.stderr, file=sys.stderr)
+        console.err(run.stdout + run.stderr)
     for line in lines:
-        print(line)
+        console.out(line)
     return run.returncode or (0 if lines else 1)
 
 
@@ -160,12 +161,12 @@ def local_status(plan_path: str, host: str | None) -> int:
     host = host or next((n.host for n in plan.nodes if n.host == os.uname().nodename), plan.leader_node.host)
     ranks = rank_states(plan, host, plan.failover.health_timeout_s, plan.failover.heartbeat_stall_s)
     holder = lock_holder(plan.lock_path) if any(r["leader"] for r in ranks) else None
-    print(render_status_table(ranks, holder, f"{plan.model_id}@{plan.revision[:12]}"))
+    console.out(render_status_table(ranks, holder, f"{plan.model_id}@{plan.revision[:12]}"))
     return 0
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    print(bash_completion(build_parser()))
+    console.out(bash_completion(build_parser()))
     return 0
 
 
@@ -276,4 +277,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -26,12 +26,12 @@ import os
 import queue
 import select
 import signal
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from .. import console
 from ..deployment.plan import Plan
 from . import observe
 from .agent_metrics import CONTENT_TYPE, AgentMetrics, MetricsUnavailable
@@ -250,7 +250,7 @@ def single_instance(path: str) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        print(f"shadowline-agent: another agent holds {path}; refusing to run a second one", file=sys.stderr)
+        console.err(f"shadowline-agent: another agent holds {path}; refusing to run a second one")
         raise SystemExit(3) from None
     return fd
 
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         agent = Agent(plan, args.host, Etcd(plan.infra.etcd_endpoints))
     except MetricsUnavailable as err:
-        print(err, file=sys.stderr)
+        console.err(err)
         return 2
 
     def stop(_signum: int, _frame: Any) -> None:
@@ -282,4 +282,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -25,6 +25,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from .http import open_direct
+
 NOT_FOUND = 5  # gRPC status code etcd returns for an unknown lease
 
 
@@ -117,7 +119,7 @@ class Etcd:
             request = urllib.request.Request(endpoint + path, data=data, method="POST",
                                              headers={"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
+                with open_direct(request, self.timeout) as response:
                     payload = response.read()
             except urllib.error.HTTPError as err:
                 error = _error_body(err)
@@ -233,7 +235,7 @@ class Etcd:
             request = urllib.request.Request(endpoint + "/v3/watch", data=body, method="POST",
                                              headers={"Content-Type": "application/json"})
             try:
-                response = urllib.request.urlopen(request, timeout=min(self.timeout, max(0.05, timeout)))  # noqa: S310
+                response = open_direct(request, min(self.timeout, max(0.05, timeout)))
             except urllib.error.HTTPError as err:
                 raise EtcdError(f"etcd at {endpoint} refused a watch of {prefix!r}: "
                                 f"{_error_body(err).get('message') or err.reason}", endpoint) from None

@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Any, Iterator
 
+from .. import console
+
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 ROTATE_BYTES = 64 * 1024 * 1024  # events.jsonl is rotated when a line would take it past this
 KEEP = 3  # rotated files kept: events.jsonl.1 (the newest) .. events.jsonl.3
@@ -62,7 +64,7 @@ class EventLog:
             finally:
                 os.close(fd)
             if self.echo:
-                print(human_line(record), flush=True)
+                console.out(human_line(record), flush=True)
             self._to_journal(record)
         return record
 

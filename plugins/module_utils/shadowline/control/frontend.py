@@ -9,6 +9,8 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 
+from .http import open_direct
+
 PROMPT = "shadowline failover drill"
 
 
@@ -47,7 +49,7 @@ def exchange(url: str, body: bytes, timeout_s: float, seq: int = 0) -> tuple[Req
                                   headers={"Content-Type": "application/json"})
     payload = b""
     try:
-        with urllib.request.urlopen(http, timeout=timeout_s) as response:  # noqa: S310 (the plan's URL)
+        with open_direct(http, timeout_s) as response:
             payload = response.read()
             status = response.status
         try:

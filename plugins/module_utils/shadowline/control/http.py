@@ -1,10 +1,24 @@
-"""The one HTTP GET of the library: a status and a body, or None when nothing answered in time."""
+"""The library's HTTP: one GET (a status and a body, or None when nothing answered in time), and the opener every
+client of the deployment's own services uses (etcd, engines' system ports, the frontend).
+
+Those are addresses of the deployment: requests go to them directly, never through an HTTP proxy named in the
+environment (``http_proxy`` of a login shell or a Slurm job would otherwise carry etcd and health traffic off the
+cluster). Stdlib only: the node daemons run outside Ansible, so ``ansible.module_utils.urls`` is not theirs.
+"""
 
 from __future__ import annotations
 
+import http.client
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def open_direct(request: urllib.request.Request | str, timeout: float) -> http.client.HTTPResponse:
+    """Open a request to a deployment address, without any proxy; raises like urllib does."""
+    return _DIRECT.open(request, timeout=timeout)
 
 
 @dataclass(frozen=True)
@@ -21,7 +35,7 @@ class Answer:
 def fetch(url: str, timeout: float) -> Answer | None:
     """GET ``url``: the answer (an HTTP error status is an answer too), None when nothing answers in time."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (plan URLs only)
+        with open_direct(url, timeout) as response:
             return Answer(response.status, response.read(), dict(response.headers))
     except urllib.error.HTTPError as err:
         try:

@@ -37,11 +37,11 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
+from .. import console
 from ..backends import BACKENDS
 from . import discovery
 from .etcd_client import Etcd, EtcdError
@@ -55,7 +55,7 @@ EVENT_PREFIX = "SHADOWLINE_EVENT "
 
 def log(message: str) -> None:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
-    print(f"{stamp} shadowline.control.watchdog[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
+    console.err(f"{stamp} shadowline.control.watchdog[{os.getpid()}]: {message}")
 
 
 def emit(event: str, **detail: object) -> None:
@@ -63,7 +63,7 @@ def emit(event: str, **detail: object) -> None:
     record = {"time": round(time.time(), 3), "node": socket.gethostname(),
               "cohort": _int_env("SHADOWLINE_COHORT"), "rank": _int_env("SHADOWLINE_NODE_RANK"),
               "step": _step_id(), "event": event, "detail": detail}
-    print(EVENT_PREFIX + json.dumps(record, sort_keys=True), file=sys.stderr, flush=True)
+    console.err(EVENT_PREFIX + json.dumps(record, sort_keys=True))
 
 
 def _int_env(name: str) -> int | None:
@@ -301,4 +301,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Callable
@@ -139,4 +138,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from .. import console
 from ..control.cohort_state import leader_view, lock_holder, unit_status
 from ..control.coordination import DEAD, RUNNING, Coordination
 from ..control.etcd_client import Etcd, EtcdError
@@ -355,11 +356,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             out = leader_views(plan)
     except DrillError as err:
-        print(json.dumps({"error": str(err)}))
+        console.out(json.dumps({"error": str(err)}))
         return 1
-    print(json.dumps(out))
+    console.out(json.dumps(out))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

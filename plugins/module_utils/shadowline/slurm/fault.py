@@ -21,10 +21,10 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from typing import Any
 
+from .. import console
 from ..backends import BACKENDS
 from ..control.proc import command_line, running
 
@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--at", type=float, required=True, help="unix time to inject the fault at")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the step's processes to go")
     args = p.parse_args(argv)
-    print(json.dumps(run(args.step, args.target_node, args.rank, args.fault, args.at, args.timeout)), flush=True)
+    console.out(json.dumps(run(args.step, args.target_node, args.rank, args.fault, args.at, args.timeout)), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

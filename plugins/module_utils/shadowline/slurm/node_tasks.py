@@ -13,9 +13,9 @@ import argparse
 import json
 import os
 import socket
-import sys
 from typing import Any
 
+from .. import console
 from ..control.waits import files_check, poll
 from ..model.errors import ModelError
 from ..model.manifest import load_manifest
@@ -61,13 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     wait.add_argument("--timeout", type=float, default=600)
     args = p.parse_args(argv)
     if args.check == "model-status":
-        print(json.dumps(model_status(args.local_dir, args.model_id, args.revision), sort_keys=True), flush=True)
+        console.out(json.dumps(model_status(args.local_dir, args.model_id, args.revision), sort_keys=True), flush=True)
         return 0
     ready, waited, seen = poll(files_check(args.pattern, args.count), args.timeout, 0.05)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    print(f"{node}: {'ready' if ready else 'NOT ready'} after {waited:.2f} s ({seen})", flush=True)
+    console.out(f"{node}: {'ready' if ready else 'NOT ready'} after {waited:.2f} s ({seen})", flush=True)
     return 0 if ready else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

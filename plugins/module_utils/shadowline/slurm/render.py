@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import console
 from ..deployment.problems import Problem, format_problems
 from .job import HOST_ONLY, job_context
 
@@ -218,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
     problems += render_problems
     if text is None:
         text = format_problems(problems, "slurm/render")
-        print(text.replace("nothing was changed on any host", "nothing was written"), file=sys.stderr)
+        console.err(text.replace("nothing was changed on any host", "nothing was written"))
         return 1
     target = Path(args.out) if args.out else Path(args.out_dir or ".") / default_name
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -228,6 +229,6 @@ def run(args: argparse.Namespace) -> int:
         tmp.write_text(text)
         tmp.chmod(0o755)
         tmp.replace(target)
-    print(json.dumps({"path": str(target.resolve()), "changed": changed, "inventory": how,
-                      "submit": f"sbatch {target}"}))
+    console.out(json.dumps({"path": str(target.resolve()), "changed": changed, "inventory": how,
+                            "submit": f"sbatch {target}"}))
     return 0

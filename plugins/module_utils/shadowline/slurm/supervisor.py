@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import console
 from ..control import discovery
 from ..control.cohort_state import leader_state
 from ..control.etcd_client import Etcd, EtcdError
@@ -150,7 +151,7 @@ class Supervisor:
             self.exit_code = 1
             self.stop_reason = self.stop_reason or "fatal"
             self.events.write("fatal", error=str(err))
-            print(f"shadowline: {err}", file=sys.stderr, flush=True)
+            console.err(f"shadowline: {err}")
         except Stopping:
             pass
         self.shutdown()
@@ -171,7 +172,7 @@ class Supervisor:
         os.makedirs(os.path.join(self.job_dir, "steps"), exist_ok=True)
         self.events = EventLog(os.path.join(self.job_dir, "events.jsonl"), self.host, echo=True, mode=0o644,
                                deployment=self.spec_plan.deployment)
-        print(f"shadowline: job directory {self.job_dir}", flush=True)
+        console.out(f"shadowline: job directory {self.job_dir}", flush=True)
         self.export_nodes()
         expected = len(self.spec_plan.nodes)
         self.events.write("job-started", job_id=self.job_id, nodes=[n.name for n in self.nodes],
@@ -632,11 +633,10 @@ def _json(text: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m shadowline.slurm.supervisor BATCH_SCRIPT (run by the rendered batch script)",
-              file=sys.stderr)
+        console.err("usage: python -m shadowline.slurm.supervisor BATCH_SCRIPT (run by the rendered batch script)")
         return 2
     return Supervisor(args[0]).run()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

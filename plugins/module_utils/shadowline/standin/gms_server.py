@@ -33,11 +33,11 @@ import os
 import selectors
 import signal
 import socket
-import sys
 import threading
 import time
 from typing import Any
 
+from .. import console
 from . import logs, settings, unix_messages
 
 log = logging.getLogger("shadowline.standin.gms_server")
@@ -153,8 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("ignoring arguments the stand-in does not use: %s", " ".join(unknown))
     gpus = settings.standin_gpus()
     if not gpus:
-        print("error: SHADOWLINE_STANDIN_GPUS is empty: the stand-in GMS server needs the node's fake GPU UUIDs",
-              file=sys.stderr)
+        console.err("error: SHADOWLINE_STANDIN_GPUS is empty: the stand-in GMS server needs the node's fake GPU UUIDs")
         return 2
     socket_dir = settings.gms_socket_dir()
     os.makedirs(socket_dir, exist_ok=True)
@@ -166,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         for tag in settings.GMS_TAGS:
             path = settings.gms_socket_path(gpu, tag, socket_dir)
             if socket_alive(path):
-                print(f"error: another GMS server already serves {path}", file=sys.stderr)
+                console.err(f"error: another GMS server already serves {path}")
                 return 1
             if os.path.exists(path):
                 os.unlink(path)
@@ -218,4 +217,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

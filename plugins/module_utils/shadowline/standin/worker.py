@@ -30,7 +30,7 @@ import time
 import urllib.error
 import urllib.request
 
-from ..control.http import fetch
+from ..control.http import fetch, open_direct
 from . import unix_messages
 
 log = logging.getLogger("shadowline.standin.worker")
@@ -91,7 +91,7 @@ def etcd_has_key_suffix(endpoints: str, prefix: str, suffix: str, timeout: float
             ep = "http://" + ep
         req = urllib.request.Request(ep + "/v3/kv/range", data=body, headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
+            with open_direct(req, timeout) as r:
                 kvs = json.load(r).get("kvs", [])
         except (OSError, ValueError):
             continue
