@@ -158,14 +158,14 @@ def prometheus_unit(plan: Plan) -> str:
     """shadowline-<deployment>-prometheus.service: hardened like the others, its own data directory; SIGHUP
     (systemctl reload) rereads prometheus.yml and the rules; targets files are reread on change by themselves."""
     return service_unit(f"shadowline {plan.deployment}: Prometheus", prometheus_process(plan), [data_dir(plan)],
-                    user=plan.service_user, after=[], restart="on-failure",
-                    extra=("ExecReload=/bin/kill -HUP $MAINPID",))
+                        user=plan.service_user, after=[], restart="on-failure",
+                        extra=("ExecReload=/bin/kill -HUP $MAINPID",))
 
 
 def blackbox_unit(plan: Plan) -> str:
     return service_unit(f"shadowline {plan.deployment}: blackbox exporter (probes NATS for Prometheus)",
-                    blackbox_process(plan), [], user=plan.service_user, after=[],
-                    restart="on-failure")
+                        blackbox_process(plan), [], user=plan.service_user, after=[],
+                        restart="on-failure")
 
 
 def _settings(plan: Plan) -> Monitoring:

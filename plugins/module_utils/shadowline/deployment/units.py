@@ -71,24 +71,24 @@ def service_unit(description: str, process: Process, read_write: list[str], *, u
 
 def gms_unit(plan: Plan, host: str) -> str:
     return service_unit(f"shadowline {plan.deployment}: GPU Memory Service server", plan.gms_server_on(host),
-                    [plan.socket_dir], user=plan.service_user, after=[], restart="on-failure")
+                        [plan.socket_dir], user=plan.service_user, after=[], restart="on-failure")
 
 
 def etcd_unit(plan: Plan, host: str) -> str:
     return service_unit(f"shadowline {plan.deployment}: etcd member", _on_host(plan.infra.etcd, host),
-                    [f"{plan.state_dir}/etcd"], user=plan.service_user, after=[], restart="on-failure")
+                        [f"{plan.state_dir}/etcd"], user=plan.service_user, after=[], restart="on-failure")
 
 
 def nats_unit(plan: Plan, host: str) -> str:
     return service_unit(f"shadowline {plan.deployment}: NATS with JetStream", _on_host(plan.infra.nats, host),
-                    [f"{plan.state_dir}/nats"], user=plan.service_user, after=[], restart="on-failure")
+                        [f"{plan.state_dir}/nats"], user=plan.service_user, after=[], restart="on-failure")
 
 
 def frontend_unit(plan: Plan) -> str:
     process = plan.infra.frontend
     infra = [plan.unit_name("etcd"), plan.unit_name("nats")]
     return service_unit(f"shadowline {plan.deployment}: Dynamo frontend (OpenAI API)", process,
-                    [process.env["HOME"]], user=plan.service_user, after=infra, restart="on-failure")
+                        [process.env["HOME"]], user=plan.service_user, after=infra, restart="on-failure")
 
 
 def engine_template(plan: Plan) -> str:
@@ -141,8 +141,8 @@ def agent_unit(plan: Plan, host: str) -> str:
     into a second copy (it holds a lock), its state and event log under the deployment's state directory.
     Restarted however often it fails (no start limit: a node without its agent has no failover at all)."""
     return service_unit(f"shadowline {plan.deployment}: failover agent", agent_process(plan, host),
-                    [plan.state_dir, plan.socket_dir], user=None, after=[], restart="always",
-                    extra=("RestartPreventExitStatus=3",), unit_extra=("StartLimitIntervalSec=0",))
+                        [plan.state_dir, plan.socket_dir], user=None, after=[], restart="always",
+                        extra=("RestartPreventExitStatus=3",), unit_extra=("StartLimitIntervalSec=0",))
 
 
 def _on_host(processes: tuple[Process, ...], host: str) -> Process:
