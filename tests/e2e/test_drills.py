@@ -29,6 +29,7 @@ import pytest
 from shadowline.control.failover_metrics import engine_failover_view
 from testbed.pytest_fixtures import skip_reason
 
+from ..loopback import wait_until
 from . import launch
 
 INSTANCE = "6"
@@ -111,14 +112,8 @@ def completion_ok() -> bool:
 
 
 def wait_for(what: str, check: Any, timeout: float, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}")
-        time.sleep(interval)
+    """The drills' argument order over the tests' one poll (tests/loopback.py)."""
+    return wait_until(check, timeout, interval, what)
 
 
 def main_pid(host: str, unit: str) -> int:

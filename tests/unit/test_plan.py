@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from shadowline.backends.standin import gpu_uuids
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import Plan, build_plan, standin_gpu_uuids
+from shadowline.deployment.plan import Plan, build_plan
 from shadowline.deployment.ports import port_problems
 
 from .helpers import hostvars
@@ -80,7 +81,7 @@ def test_standin_differs_only_in_executable():
             extra = {k: v for k, v in rb.process.env.items() if k not in ra.process.env}
             assert list(extra) == ["SHADOWLINE_STANDIN_GPUS"]
     uuids = standin.cohort(0).ranks[1].process.env["SHADOWLINE_STANDIN_GPUS"].split(",")
-    assert uuids == standin_gpu_uuids("llama", "node1", 1)
+    assert uuids == gpu_uuids("llama", "node1", 1)
     assert standin.gms_servers[1].env["SHADOWLINE_STANDIN_GPUS"] == ",".join(uuids)
 
 

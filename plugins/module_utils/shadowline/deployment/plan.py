@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..backends import Backend, backend
-from ..backends.standin import gpu_uuids
 from .contract import CONFIG_DIR, STATE_DIR, Contract, Failover, Monitoring, Node, Ports
 from .ports import CohortPorts, cohort_ports
 
@@ -159,7 +158,7 @@ class Plan:
         raise KeyError(f"{host} is not a node of deployment {self.deployment} (nodes: {', '.join(self.hosts)})")
 
     def gms_server_on(self, host: str) -> Process:
-        return _on_host(self.gms_servers, host)
+        return on_host(self.gms_servers, host)
 
     @property
     def events_path(self) -> str:
@@ -205,7 +204,8 @@ def unit_name(deployment: str, kind: str, cohort: int | None = None) -> str:
     return f"{base}.service"
 
 
-def _on_host(processes: tuple[Process, ...], host: str) -> Process:
+def on_host(processes: tuple[Process, ...], host: str) -> Process:
+    """The process of ``processes`` that runs on ``host`` (KeyError naming the host when none does)."""
     for process in processes:
         if process.host == host:
             return process
@@ -279,11 +279,6 @@ def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str
 class _Dirs:
     state: str  # etcd data, NATS store, the frontend's HOME, event logs
     config: str  # NATS configuration, plan.json
-
-
-def standin_gpu_uuids(deployment: str, host: str, count: int) -> list[str]:
-    """Stable fake GPU UUIDs for the stand-in backend (real GPUs report their own through CUDA)."""
-    return gpu_uuids(deployment, host, count)
 
 
 def _infra_plan(contract: Contract, dirs: _Dirs) -> InfraPlan:

@@ -9,7 +9,7 @@ Functions take the typed plan; Ansible filters turn the `gms_plan` fact into one
 
 from __future__ import annotations
 
-from .plan import Plan, Process
+from .plan import Plan, Process, on_host
 
 HARDENING = (
     ("NoNewPrivileges", "yes"),
@@ -75,12 +75,12 @@ def gms_unit(plan: Plan, host: str) -> str:
 
 
 def etcd_unit(plan: Plan, host: str) -> str:
-    return service_unit(f"shadowline {plan.deployment}: etcd member", _on_host(plan.infra.etcd, host),
+    return service_unit(f"shadowline {plan.deployment}: etcd member", on_host(plan.infra.etcd, host),
                         [f"{plan.state_dir}/etcd"], user=plan.service_user, after=[], restart="on-failure")
 
 
 def nats_unit(plan: Plan, host: str) -> str:
-    return service_unit(f"shadowline {plan.deployment}: NATS with JetStream", _on_host(plan.infra.nats, host),
+    return service_unit(f"shadowline {plan.deployment}: NATS with JetStream", on_host(plan.infra.nats, host),
                         [f"{plan.state_dir}/nats"], user=plan.service_user, after=[], restart="on-failure")
 
 
@@ -143,10 +143,3 @@ def agent_unit(plan: Plan, host: str) -> str:
     return service_unit(f"shadowline {plan.deployment}: failover agent", agent_process(plan, host),
                         [plan.state_dir, plan.socket_dir], user=None, after=[], restart="always",
                         extra=("RestartPreventExitStatus=3",), unit_extra=("StartLimitIntervalSec=0",))
-
-
-def _on_host(processes: tuple[Process, ...], host: str) -> Process:
-    for process in processes:
-        if process.host == host:
-            return process
-    raise KeyError(f"the plan has no such process on {host}")
