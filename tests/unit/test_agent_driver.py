@@ -25,8 +25,10 @@ from shadowline.control.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Sl
 from shadowline.control.driver_duties import (
     PROMOTION_TIMEOUT_S,
     PromotionSeen,
+    first_view,
     lock_changed,
     relaunch_due,
+    repair_invalid,
     republish_weights,
     revoke_due,
     running_due,
@@ -38,7 +40,7 @@ from shadowline.control.frontend import Request
 from shadowline.control.memory import DriverMemory, NodeMemory, Promotion
 from shadowline.control.observe import HealthAnswer
 from shadowline.control.policy import RelaunchPolicy
-from shadowline.control.view import Active, DeploymentView, SlotEntry
+from shadowline.control.view import Active, DeploymentView, Invalid, SlotEntry
 from shadowline.deployment.plan import Plan
 
 from .test_agent_node import FAILOVER, NOW, T0, at, kinds, memory, rank, slot
@@ -71,7 +73,8 @@ def test_new_lock_holder_starts_a_promotion():
     assert kinds(actions) == ["SetHolder", "BeginPromotion", "Record:lock-acquired"]
     promotion = actions[1].promotion
     assert (promotion.cohort, promotion.generation, promotion.previous) == (1, 1, "engine-0")
-    assert promotion.deadline == NOW.mono + PROMOTION_TIMEOUT_S
+    assert promotion.wake_deadline == NOW.mono + plan().failover.wake_timeout_s
+    assert promotion.deadline == promotion.wake_deadline + PROMOTION_TIMEOUT_S
     assert abs(actions[2].fields["lock_s"] - 0.2) < 1e-6
 
 
@@ -89,6 +92,7 @@ def test_lock_unchanged_or_freed():
 
 
 def promotion(**kw: object) -> Promotion:
+    kw.setdefault("wake_deadline", NOW.mono + 30)
     return Promotion(cohort=1, generation=1, previous="engine-0", lock_at=T0 - 0.1, deadline=NOW.mono + 60, **kw)  # type: ignore[arg-type]
 
 
@@ -257,3 +261,48 @@ def test_active_record_parses():
     assert isinstance(BeginPromotion(promotion()).promotion, Promotion)
     assert RecordActive(1, 2, None).promote_s is None and NodeMemory().ranks == {}
     assert ProbePromotion() == ProbePromotion()
+
+
+# --- waking, first view, broken records (fault matrix rows 1 and 10) ----------------------------------------------
+def test_a_shadow_that_hangs_while_waking_is_failed_so_the_next_takes_over():
+    """Row 10: the lock holder never becomes active; past wake_timeout_s it is declared failed (wake-timeout),
+    which kills it on every node and frees the lock for the next parked shadow."""
+    driver = DriverMemory(holder="engine-1", promotion=promotion(wake_deadline=NOW.mono - 0.01))
+    actions = verify_promotion(view(slot(0, 1, FAILED), slot(1, 1)), driver, memory(rank(1, 1)),
+                               PromotionSeen(state="waking"), NOW)
+    assert kinds(actions) == ["EndPromotion", "Record:wake-timeout", "Declare"]
+    assert actions[-1].reason == "wake-timeout" and (actions[-1].cohort, actions[-1].generation) == (1, 1)
+    # before its deadline, or once active, it is left to finish
+    early = DriverMemory(holder="engine-1", promotion=promotion(wake_deadline=NOW.mono + 1))
+    assert "Declare" not in kinds(verify_promotion(view(slot(1, 1)), early, memory(rank(1, 1)),
+                                                   PromotionSeen(state="waking"), NOW))
+    awake = DriverMemory(holder="engine-1", promotion=promotion(wake_deadline=NOW.mono - 1, active_at=T0 - 0.5))
+    assert "Declare" not in kinds(verify_promotion(view(slot(1, 1)), awake, memory(rank(1, 1)), PromotionSeen(),
+                                                   NOW))
+
+
+def test_first_view_creates_missing_slots_once():
+    node = memory(rank(0, 1))
+    actions = first_view(view(slot(2, 4)), [0, 1, 2], DriverMemory(), node)
+    assert kinds(actions) == ["SetServing", "CreateSlot", "CreateSlot"]
+    assert (actions[1].slot.cohort, actions[1].slot.state) == (0, RUNNING)
+    assert (actions[2].slot.cohort, actions[2].slot.state, actions[2].slot.reason) == (1, LAUNCHING, "not running")
+    assert first_view(view(), [0, 1, 2], DriverMemory(adopted=True), node) == []
+
+
+def test_broken_slot_records_are_repaired_never_acted_on():
+    """Row 1: a record that does not parse is replaced (compare-and-swap on its revision): by the running
+    generation when the driver's rank runs, else by a new generation launched everywhere. A record from a newer
+    shadowline, or of a cohort outside the plan, is left alone."""
+    broken = DeploymentView(invalid={
+        "/shadowline/demo/slots/0": Invalid(21, "not JSON"),
+        "/shadowline/demo/slots/1": Invalid(22, "state is 'exploded'"),
+        "/shadowline/demo/slots/2": Invalid(23, "schema 9 is newer", newer=True),
+        "/shadowline/demo/slots/7": Invalid(24, "cohort 7 is not in the plan"),
+    }, gone={(1, 3): {"node0": T0}})
+    actions = repair_invalid(broken, [0, 1, 2], memory(rank(0, 5)), NOW)
+    assert kinds(actions) == ["SwapSlot", "SwapSlot"]
+    running, relaunch = actions[0], actions[1]
+    assert (running.slot.cohort, running.slot.generation, running.slot.state, running.revision) == (0, 5, RUNNING, 21)
+    assert (relaunch.slot.cohort, relaunch.slot.generation, relaunch.slot.state, relaunch.revision) == (
+        1, 4, LAUNCHING, 22)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -12,9 +15,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from shadowline.control import agent as agent_module
+from shadowline.control import metrics_server
 from shadowline.control.agent_metrics import (
     BUCKETS,
+    CONTENT_TYPE,
     COUNTERS,
     DETECTION_REASONS,
     GAUGES,
@@ -147,11 +151,10 @@ def test_label_values_are_escaped_by_the_library():
 
 
 def test_the_agent_serves_metrics_and_health_on_its_port():
-    class FakeAgent:
-        metrics = AgentMetrics("demo", "node0", [0])
-
-    FakeAgent.metrics.count("teardowns_total")
-    server = agent_module.serve_metrics(FakeAgent(), "127.0.0.1", 0)  # type: ignore[arg-type]
+    metrics = AgentMetrics("demo", "node0", [0])
+    metrics.count("teardowns_total")
+    ticking = [True]
+    server = metrics_server.serve("127.0.0.1", 0, lambda: (metrics.render(), CONTENT_TYPE), lambda: ticking[0])
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
@@ -160,10 +163,42 @@ def test_the_agent_serves_metrics_and_health_on_its_port():
         assert f'{PREFIX}teardowns_total{{deployment="demo",node="node0"}} 1.0' in text
         with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
             assert response.read() == b"ok\n"
+        ticking[0] = False  # the loop stopped ticking: /health says so
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{base}/health", timeout=5)
+        assert err.value.code == 503
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(f"{base}/other", timeout=5)
         assert err.value.code == 404
     finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_idle_connections_neither_exhaust_the_server_nor_block_a_scrape(monkeypatch):
+    """Fault matrix row 12 in small: more idle connections than the server serves at once; a scrape still gets
+    an answer, the idle ones are turned away or dropped after the idle timeout."""
+    monkeypatch.setattr(metrics_server, "IDLE_TIMEOUT_S", 0.5)
+    server = metrics_server.serve("127.0.0.1", 0, lambda: (b"m 1\n", CONTENT_TYPE), lambda: True)
+    port = server.server_address[1]
+    idle = []
+    try:
+        for _unused in range(metrics_server.MAX_CONNECTIONS + 40):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.2)
+        assert server.turned_away >= 40  # beyond the bound: closed at once, not one thread each
+        deadline = time.monotonic() + 5
+        while True:  # the held ones are dropped after IDLE_TIMEOUT_S; then a scrape is served
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+                    assert response.read() == b"m 1\n"
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                assert time.monotonic() < deadline, "a scrape never got through"
+                time.sleep(0.1)
+    finally:
+        for sock in idle:
+            sock.close()
         server.shutdown()
         server.server_close()
 

@@ -8,26 +8,33 @@ from shadowline.control.actions import (
     Confirm,
     Declare,
     FinishTeardown,
+    KillRest,
     Launch,
     Launched,
     LaunchFailed,
     MarkHealthy,
     NoteDetected,
+    NoteProgress,
     Record,
     ReportGmsLost,
+    ReportInvalid,
+    SetGeneration,
     TearDown,
     WakeAt,
 )
 from shadowline.control.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
-from shadowline.control.memory import LocalRank, NodeMemory, Start, Teardown
+from shadowline.control.memory import LocalRank, NodeMemory, ProgressMark, Start, Teardown
 from shadowline.control.node_duties import (
     abandon_stale_start,
+    adopted_generation,
     gms_exited,
     health_probe_timeout,
     judge_rank,
     launch_due,
     rank_exited,
+    report_invalid,
     retire_leftover,
+    settle_adopted,
     settle_failed,
     slot_failed,
     start_progress,
@@ -35,12 +42,12 @@ from shadowline.control.node_duties import (
 )
 from shadowline.control.observe import HealthAnswer, UnitState
 from shadowline.control.policy import HangPolicy
-from shadowline.control.view import Now
+from shadowline.control.view import DeploymentView, Invalid, Now, SlotEntry
 from shadowline.deployment.contract import Failover
 
 FAILOVER = Failover(health_timeout_s=3.0, heartbeat_stall_s=3.0, term_grace_s=0.0, planned_grace_s=5.0,
                     agent_lease_ttl_s=3, relaunch_backoff_s=1.0, relaunch_backoff_max_s=30.0,
-                    max_relaunch_attempts=3, stable_after_s=30.0)
+                    max_relaunch_attempts=3, stable_after_s=30.0, wake_timeout_s=5.0)
 HANG = HangPolicy.of(FAILOVER)
 T0 = 1_700_000_000.0  # wall clock of the tests' "now"
 NOW = Now(wall=T0, mono=5000.0)
@@ -52,10 +59,10 @@ def at(seconds: float) -> Now:
 
 
 def rank(cohort: int = 0, generation: int = 1, leader: bool = True, healthy_at: float | None = None,
-         started: float = T0 - 60) -> LocalRank:
+         started: float = T0 - 60, progress: ProgressMark | None = None) -> LocalRank:
     return LocalRank(cohort=cohort, generation=generation, unit=f"shadowline-demo-engine@{cohort}.service",
                      pid=4242 + cohort, pidfd=None, cgroup=f"/system.slice/engine@{cohort}", leader=leader,
-                     started=started, healthy_at=healthy_at)
+                     started=started, healthy_at=healthy_at, progress=progress)
 
 
 def slot(cohort: int = 0, generation: int = 1, state: str = RUNNING, **kw: object) -> Slot:
@@ -71,12 +78,13 @@ def kinds(actions: list[object]) -> list[str]:
 
 
 # --- a rank's exit ------------------------------------------------------------------------------------------------
-def test_rank_exited_declares_and_tears_down_at_once():
+def test_rank_exited_tears_down_locally_first_then_declares():
+    """Local first: the rest of the rank is killed before the declaration waits on etcd."""
     r = rank()
     actions = rank_exited(r, NOW, FAILOVER)
-    assert kinds(actions) == ["Record:rank-exited", "Declare", "TearDown"]
-    assert actions[1] == Declare(0, 1, "rank-exited")
-    assert actions[2] == TearDown(r, NOW.wall, 0.0)
+    assert kinds(actions) == ["Record:rank-exited", "TearDown", "Declare"]
+    assert actions[1] == TearDown(r, NOW.wall, 0.0)
+    assert actions[2] == Declare(0, 1, "rank-exited")
 
 
 # --- declared failures: the hot path and the reconcile ----------------------------------------------------------
@@ -103,11 +111,31 @@ def test_planned_failover_gives_the_grace_sigterm_then_sigkill():
     r = rank()
     planned = slot(0, 1, FAILED, reason="planned-failover")
     assert slot_failed(planned, memory(r), FAILOVER)[-1] == TearDown(r, planned.since, 5.0)
-    # the grace ends: finish (SIGKILL what is left, confirm); before it ends, only if the rank left by itself
+    # the grace ends: SIGKILL what is left; finished (confirmed) only once the cgroup is empty
     terminating = memory(terminating={0: Teardown(rank=r, since=planned.since, kill_at=NOW.mono + 5.0)})
     assert teardowns_due(terminating, {0: True}, at(1.0)) == []
     assert teardowns_due(terminating, {0: False}, at(1.0)) == [FinishTeardown(0)]
-    assert teardowns_due(terminating, {0: True}, at(5.0)) == [FinishTeardown(0)]
+    assert teardowns_due(terminating, {0: True}, at(5.0)) == [KillRest(0)]
+
+
+def test_a_rank_that_outlives_sigkill_is_never_confirmed_gone_while_its_cgroup_has_processes():
+    """Fault matrix row 9: a process in an uninterruptible wait survives SIGKILL for seconds."""
+    r = rank(generation=2)
+    stuck = memory(terminating={0: Teardown(rank=r, since=T0, kill_at=NOW.mono + 0.2, killed=True)})
+    for seconds in (0.3, 1.0, 5.0):
+        actions = teardowns_due(stuck, {0: True}, at(seconds))
+        assert actions == [KillRest(0)]  # killed again, not finished
+        assert not any(isinstance(a, (Confirm, FinishTeardown)) for a in actions)
+        assert settle_failed(slot(0, 2, FAILED), stuck, FAILOVER, at(seconds)) == []  # no confirmation either
+        assert launch_due(slot(0, 3, LAUNCHING, not_before=T0), stuck, at(seconds)) == []  # no relaunch here
+    assert teardowns_due(stuck, {0: False}, at(5.1)) == [FinishTeardown(0)]
+
+
+def test_untracked_processes_of_a_failed_generation_are_torn_down_not_confirmed():
+    """After an agent restart, the unit of a failed cohort still has processes: kill them before confirming."""
+    leftover = rank(generation=2)
+    actions = settle_failed(slot(0, 2, FAILED), memory(), FAILOVER, NOW, leftover)
+    assert kinds(actions) == ["Record:leftover-found", "TearDown"]
 
 
 def test_failed_slot_with_nothing_here_is_confirmed_gone():
@@ -174,10 +202,32 @@ def test_start_of_a_generation_that_failed_meanwhile_is_abandoned():
     assert abandon_stale_start(slot(0, 2, LAUNCHING), starting) == []  # its own generation: go on
 
 
-def test_rank_of_the_running_generation_missing_at_start_is_launched():
-    """An agent that starts and finds no rank of a running slot starts it (today's behaviour: no declaration)."""
-    assert launch_due(slot(1, 4, RUNNING, not_before=0.0), memory(), NOW) == [
-        NoteDetected(1, 3, T0 - 1), Launch(1, 4)]
+def test_rank_of_the_running_generation_missing_is_declared_never_started_alone():
+    """Fault matrix rows 2-3: the rank died while the agent was down or etcd away. Starting it into the running
+    generation would make a mixed generation; the generation is declared failed instead (rank-missing)."""
+    actions = launch_due(slot(1, 4, RUNNING, not_before=0.0), memory(), NOW)
+    assert kinds(actions) == ["Record:rank-missing", "Declare"]
+    assert actions[1] == Declare(1, 4, "rank-missing")
+    assert not any(isinstance(a, Launch) for a in actions)
+    # a start in progress or a teardown is not a missing rank
+    assert launch_due(slot(1, 4, RUNNING), memory(starting={1: Start(4, NOW.mono)}), NOW) == []
+
+
+def test_adopted_ranks_get_their_generation_from_the_first_view():
+    view = DeploymentView(slots={0: SlotEntry(slot(0, 3, RUNNING, not_before=T0 - 30), 7),
+                                 1: SlotEntry(slot(1, 5, LAUNCHING, not_before=T0 - 10), 8)})
+    current = rank(0, generation=0, started=T0 - 29)
+    leftover = rank(1, generation=0, started=T0 - 100)  # started long before generation 5 was launched
+    actions = settle_adopted(view, memory(current, leftover), NOW)
+    assert SetGeneration(0, 3) in actions and MarkHealthy(0, NOW.mono) in actions
+    assert SetGeneration(1, 4) in actions  # a leftover of generation 4: retired, never counted as 5
+    assert adopted_generation(rank(generation=0), None) == 1
+
+
+def test_invalid_records_are_reported_once_per_revision():
+    view = DeploymentView(invalid={"/shadowline/demo/slots/1": Invalid(12, "not JSON")})
+    assert report_invalid(view, memory()) == [ReportInvalid("/shadowline/demo/slots/1", 12, "not JSON", False)]
+    assert report_invalid(view, memory(reported_invalid={("/shadowline/demo/slots/1", 12)})) == []
 
 
 # --- hangs ----------------------------------------------------------------------------------------------------------
@@ -199,8 +249,12 @@ def test_slow_start_is_not_a_hang():
     """A leader that never answered 200 since its start (loading weights: 503 or nothing) is not judged."""
     loading = rank(healthy_at=None)
     assert judge_rank(loading, None, HealthAnswer(ok=False, at=NOW.mono), at(600), HANG, FAILOVER, None) == []
-    # and a heartbeat file older than the rank's start is a leftover of an earlier generation, not a stall
-    assert judge_rank(rank(leader=False, started=T0 - 5), T0 - 100, None, NOW, HANG, FAILOVER, None) == []
+    # a progress signal seen for the first time (e.g. a leftover file of an earlier generation) is not a stall:
+    # only a signal seen moving is judged
+    first = judge_rank(rank(leader=False), T0 - 100, None, NOW, HANG, FAILOVER, None)
+    assert first == [NoteProgress(0, ProgressMark(T0 - 100, NOW.mono, moved=False))]
+    unmoved = rank(leader=False, progress=ProgressMark(T0 - 100, NOW.mono - 60, moved=False))
+    assert judge_rank(unmoved, T0 - 100, None, NOW, HANG, FAILOVER, None) == []
 
 
 def test_healthy_answer_is_remembered():
@@ -209,23 +263,42 @@ def test_healthy_answer_is_remembered():
         MarkHealthy(0, NOW.mono)]
 
 
+def moving(since_s: float, value: float = 7.0) -> LocalRank:
+    """A worker whose progress signal last moved ``since_s`` seconds before NOW (monotonic)."""
+    return rank(leader=False, progress=ProgressMark(value, NOW.mono - since_s, moved=True))
+
+
 def test_worker_stalled_by_its_progress_signal():
-    worker = rank(leader=False, started=T0 - 60)
-    assert judge_rank(worker, T0 - 3.5, None, NOW, HANG, FAILOVER, None) == [Declare(0, 1, "collective-stalled")]
-    assert judge_rank(worker, T0 - 1.0, None, NOW, HANG, FAILOVER, None) == []
+    assert judge_rank(moving(3.5), 7.0, None, NOW, HANG, FAILOVER, None) == [Declare(0, 1, "collective-stalled")]
+    assert judge_rank(moving(1.0), 7.0, None, NOW, HANG, FAILOVER, None) == []
+    # a step of the signal is progress, noted on the monotonic clock
+    assert judge_rank(moving(3.5), 8.0, None, NOW, HANG, FAILOVER, None) == [
+        NoteProgress(0, ProgressMark(8.0, NOW.mono, moved=True))]
+
+
+def test_a_wall_clock_step_neither_fakes_a_hang_nor_hides_one():
+    """Fault matrix row 8: the wall clock steps 5 s forward or back on one node; deadlines are monotonic."""
+    for step in (+5.0, -5.0):
+        stepped = Now(wall=NOW.wall + step, mono=NOW.mono + 0.2)
+        leader = rank(healthy_at=NOW.mono - 0.1)
+        assert judge_rank(leader, None, HealthAnswer(ok=True, at=stepped.mono), stepped, HANG, FAILOVER,
+                          None) == [MarkHealthy(0, stepped.mono)]
+        assert judge_rank(moving(1.0), 7.0, None, stepped, HANG, FAILOVER, None) == []  # 1.2 s of silence
+        late = Now(wall=NOW.wall + step, mono=NOW.mono + 2.6)
+        assert judge_rank(moving(1.0), 7.0, None, late, HANG, FAILOVER, None) == [
+            Declare(0, 1, "collective-stalled")]  # 3.6 s of silence on the monotonic clock, whatever the wall says
 
 
 def test_fencing_isolated_node_with_stalled_collective_tears_down_locally():
-    worker = rank(leader=False)
-    actions = judge_rank(worker, T0 - 4.0, None, NOW, HANG, FAILOVER, etcd_lost_since=NOW.mono - 3.5)
+    worker = moving(4.0)
+    actions = judge_rank(worker, 7.0, None, NOW, HANG, FAILOVER, etcd_lost_since=NOW.mono - 3.5)
     assert kinds(actions) == ["Declare", "Record:fenced", "TearDown"]
     assert actions[2] == TearDown(worker, NOW.wall, 0.0)
 
 
 def test_no_fencing_when_etcd_is_lost_but_the_collective_progresses_or_not_long_enough():
-    worker = rank(leader=False)
-    assert judge_rank(worker, T0 - 0.5, None, NOW, HANG, FAILOVER, etcd_lost_since=NOW.mono - 30) == []
-    assert kinds(judge_rank(worker, T0 - 4.0, None, NOW, HANG, FAILOVER, etcd_lost_since=NOW.mono - 1)) == [
+    assert judge_rank(moving(0.5), 7.0, None, NOW, HANG, FAILOVER, etcd_lost_since=NOW.mono - 30) == []
+    assert kinds(judge_rank(moving(4.0), 7.0, None, NOW, HANG, FAILOVER, etcd_lost_since=NOW.mono - 1)) == [
         "Declare"]
 
 

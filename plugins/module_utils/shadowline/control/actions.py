@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from .coordination import Slot
-from .memory import LocalRank, Promotion
+from .memory import LocalRank, ProgressMark, Promotion
 
 
 # --- records and wake-ups -----------------------------------------------------------------------------------
@@ -47,7 +47,13 @@ class TearDown:
 
 @dataclass(frozen=True)
 class FinishTeardown:
-    """The grace of a SIGTERM teardown ended (or the rank left): SIGKILL what is left, confirm."""
+    """The rank's cgroup is empty: confirm it gone (in etcd, after this tick's declarations)."""
+    cohort: int
+
+
+@dataclass(frozen=True)
+class KillRest:
+    """A teardown's grace ended, or processes outlived SIGKILL: SIGKILL whatever is in the cgroup (again)."""
     cohort: int
 
 
@@ -102,6 +108,28 @@ class MarkHealthy:
 
 
 @dataclass(frozen=True)
+class NoteProgress:
+    cohort: int
+    mark: ProgressMark
+
+
+@dataclass(frozen=True)
+class SetGeneration:
+    """An adopted rank (found running when the agent started) belongs to this generation."""
+    cohort: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class ReportInvalid:
+    """A record in etcd the agent cannot act on: say so once per revision."""
+    key: str
+    revision: int
+    why: str
+    newer: bool
+
+
+@dataclass(frozen=True)
 class ReportGmsLost:
     when: float
 
@@ -140,6 +168,18 @@ class NoteLaunched:
 @dataclass(frozen=True)
 class SetHolder:
     holder: str | None
+
+
+@dataclass(frozen=True)
+class SetServing:
+    """The driver's first view: the serving cohort as etcd last recorded it (None: none recorded)."""
+    cohort: int | None
+
+
+@dataclass(frozen=True)
+class CreateSlot:
+    """Create a slot record that does not exist (a cohort seen for the first time)."""
+    slot: Slot
 
 
 @dataclass(frozen=True)
@@ -205,7 +245,7 @@ class ClearGmsLost:
     keys: tuple[str, ...]
 
 
-Action = Union[Record, WakeAt, Declare, TearDown, FinishTeardown, Confirm, Launch, Launched, LaunchFailed,
-               AbandonStart, NoteDetected, MarkHealthy, ReportGmsLost, SwapSlot, RevokeRegistration,
-               ObserveTeardown, NoteLaunched, SetHolder, BeginPromotion, PromotionActive, PromotionRegistered,
+Action = Union[Record, WakeAt, Declare, TearDown, FinishTeardown, KillRest, Confirm, Launch, Launched, LaunchFailed,
+               AbandonStart, NoteDetected, MarkHealthy, NoteProgress, SetGeneration, ReportInvalid, ReportGmsLost, SwapSlot, RevokeRegistration,
+               ObserveTeardown, NoteLaunched, SetHolder, SetServing, CreateSlot, BeginPromotion, PromotionActive, PromotionRegistered,
                ProbePromotion, EndPromotion, RecordActive, AgentsSeen, AgentLost, AgentBack, ProbeServing, ClearGmsLost]

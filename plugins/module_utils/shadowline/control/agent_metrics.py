@@ -31,8 +31,8 @@ PREFIX = "shadowline_agent_"
 SLOT_STATES = (LAUNCHING, RUNNING, FAILED, DEAD)
 # Reasons a failure is declared for (node_duties.py, driver_duties.py, policy.py), exported at 0 from the start
 # so that Prometheus's increase() sees the first detection; another reason gets its series when it happens.
-DETECTION_REASONS = ("rank-exited", "launch-failed", "launch-timeout", LEADER_HUNG, COLLECTIVE_STALLED,
-                     "node-lost", "gms-republish")
+DETECTION_REASONS = ("rank-exited", "rank-missing", "launch-failed", "launch-timeout", LEADER_HUNG,
+                     COLLECTIVE_STALLED, "node-lost", "wake-timeout", "gms-republish")
 # A failover's phases take from about 10 ms (a teardown) to tens of seconds (a relaunch that loads weights).
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 
@@ -44,6 +44,8 @@ COUNTERS = {  # name (prometheus_client adds "_total") -> help
     "relaunches": "Ranks of a new generation this agent started on its node.",
     "slots_dead": "Slots this agent (the driver) gave up after a crash loop.",
     "agents_lost": "Other nodes' agents whose etcd lease this agent (the driver) saw expire.",
+    "records_invalid": "Records in etcd this agent could not read and ignored (reported once per revision).",
+    "tick_errors": "Errors that ended one pass of this agent's loop (reported; the loop went on).",
 }
 HISTOGRAMS = {  # name -> help
     "teardown_seconds": "Seconds from a failure's detection to its generation's ranks gone on every node (driver).",

@@ -18,13 +18,24 @@ ranks of that generation), ``launching`` (every agent starts its rank of the new
 from __future__ import annotations
 
 import json
+import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .etcd_client import KV, Etcd
 
 RUNNING, FAILED, LAUNCHING, DEAD = "running", "failed", "launching", "dead"
+STATES = (RUNNING, FAILED, LAUNCHING, DEAD)
+SLOT_SCHEMA = 1  # the slot record's version; a writer that adds or changes a field raises it
+
+
+class RecordInvalid(ValueError):
+    """A record in etcd that this agent cannot read: reported and ignored, never acted on."""
+
+    def __init__(self, why: str, newer: bool = False) -> None:
+        super().__init__(why)
+        self.newer = newer  # written by a newer version of shadowline (a rolling upgrade), not broken
 
 
 @dataclass
@@ -35,15 +46,59 @@ class Slot:
     reason: str = ""
     since: float = field(default_factory=time.time)
     attempts: int = 0  # consecutive failed launches (reset once a generation has run for a while)
-    not_before: float = 0.0  # launching: start ranks no earlier than this (backoff)
+    not_before: float = 0.0  # launching: start ranks no earlier than this (backoff); kept while it runs
     detected_by: str = ""
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps({"schema": SLOT_SCHEMA, **asdict(self)}, sort_keys=True)
 
     @classmethod
-    def from_kv(cls, kv: KV) -> "Slot":
-        return cls(**json.loads(kv.value))
+    def parse(cls, value: bytes | str) -> Slot:
+        """The record as its schema says, or RecordInvalid naming what is wrong: not JSON, a schema newer than
+        this agent's, a field it does not know, a missing field, a value of the wrong type or out of range."""
+        try:
+            data = json.loads(value)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise RecordInvalid(f"not JSON ({err})") from None
+        if not isinstance(data, dict):
+            raise RecordInvalid(f"not a JSON object but {type(data).__name__}")
+        schema = data.pop("schema", SLOT_SCHEMA)
+        if not _is_int(schema) or schema < 1:
+            raise RecordInvalid(f"schema is {schema!r}, not a version number")
+        if schema > SLOT_SCHEMA:
+            raise RecordInvalid(f"schema {schema} is newer than this agent's ({SLOT_SCHEMA}): upgrade the agent",
+                                newer=True)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise RecordInvalid(f"fields {unknown} are not in schema {schema}")
+        missing = sorted({"cohort", "generation", "state"} - set(data))
+        if missing:
+            raise RecordInvalid(f"fields {missing} are missing")
+        for name in ("cohort", "generation", "attempts"):
+            if name in data and not (_is_int(data[name]) and data[name] >= (1 if name == "generation" else 0)):
+                raise RecordInvalid(f"{name} is {data[name]!r}, not a whole number in range")
+        for name in ("since", "not_before"):
+            if name in data and not _is_finite(data[name]):
+                raise RecordInvalid(f"{name} is {data[name]!r}, not a time")
+        for name in ("reason", "detected_by"):
+            if name in data and not isinstance(data[name], str):
+                raise RecordInvalid(f"{name} is {data[name]!r}, not text")
+        if data["state"] not in STATES:
+            raise RecordInvalid(f"state is {data['state']!r}, not one of {', '.join(STATES)}")
+        return cls(**data)
+
+    @classmethod
+    def from_kv(cls, kv: KV) -> Slot:
+        return cls.parse(kv.value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class Keys:
@@ -81,15 +136,27 @@ class Coordination:
         self.keys = Keys(deployment)
 
     def slot(self, cohort: int) -> tuple[Slot | None, int]:
-        """The slot record and its mod revision (0 when absent)."""
+        """The slot record and its mod revision (0 when absent); an unreadable record reads as none (its
+        revision still given: a compare-and-swap may replace it)."""
         kv = self.etcd.get(self.keys.slot(cohort))
-        return (Slot.from_kv(kv), kv.mod_revision) if kv else (None, 0)
+        if kv is None:
+            return None, 0
+        try:
+            slot = Slot.from_kv(kv)
+        except RecordInvalid:
+            return None, kv.mod_revision
+        return (slot, kv.mod_revision) if slot.cohort == cohort else (None, kv.mod_revision)
 
     def slots(self) -> dict[int, tuple[Slot, int]]:
+        """Every readable slot record (unreadable ones are left out: the agents report them)."""
         result = {}
         for kv in self.etcd.get_prefix(self.keys.slots()):
-            slot = Slot.from_kv(kv)
-            result[slot.cohort] = (slot, kv.mod_revision)
+            try:
+                slot = Slot.from_kv(kv)
+            except RecordInvalid:
+                continue
+            if kv.key == self.keys.slot(slot.cohort):
+                result[slot.cohort] = (slot, kv.mod_revision)
         return result
 
     def create_slot(self, slot: Slot) -> bool:
@@ -113,7 +180,12 @@ class Coordination:
 
     def gone_hosts(self, cohort: int, generation: int) -> dict[str, float]:
         prefix = self.keys.gone(cohort, generation)
-        return {kv.key[len(prefix):]: json.loads(kv.value)["time"] for kv in self.etcd.get_prefix(prefix)}
+        hosts = {}
+        for kv in self.etcd.get_prefix(prefix):
+            when = gone_time(kv.value)
+            if when is not None:
+                hosts[kv.key[len(prefix):]] = when
+        return hosts
 
     def live_agents(self) -> set[str]:
         prefix = self.keys.agents()
@@ -125,4 +197,19 @@ class Coordination:
 
     def active(self) -> dict[str, Any] | None:
         kv = self.etcd.get(self.keys.active())
-        return json.loads(kv.value) if kv else None
+        if kv is None:
+            return None
+        try:
+            record = json.loads(kv.value)
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) else None
+
+
+def gone_time(value: bytes) -> float | None:
+    """The time in a ``gone`` confirmation, None when the record is unreadable."""
+    try:
+        when = json.loads(value)["time"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return float(when) if _is_finite(when) else None

@@ -24,6 +24,7 @@ from .actions import (
     AgentsSeen,
     BeginPromotion,
     ClearGmsLost,
+    CreateSlot,
     Declare,
     EndPromotion,
     NoteLaunched,
@@ -36,6 +37,7 @@ from .actions import (
     RecordActive,
     RevokeRegistration,
     SetHolder,
+    SetServing,
     SwapSlot,
 )
 from .cohort_state import leader_view, lock_holder
@@ -49,7 +51,7 @@ from .proc import cgroup_pids, listening_ports
 from .view import DeploymentView, Now
 
 LAUNCH_TIMEOUT_S = 300.0  # a launched generation whose leader never gets healthy is declared failed
-PROMOTION_TIMEOUT_S = 60.0  # lock taken -> active, registered and serving through the frontend
+PROMOTION_TIMEOUT_S = 60.0  # lock taken -> active, registered and serving through the frontend (after waking)
 REVOKE_DEFER_MAX_S = 10.0  # longest the serving cohort's registration is kept while its successor wakes
 SERVING_PROBE_S = 0.5  # while a node's agent is lost: how often the driver sends a completion through the frontend
 SERVING_SILENT_EXTRA_S = 2.0  # the probe's request timeout, on top of health_timeout_s
@@ -97,8 +99,9 @@ def lock_changed(holder: str | None, plan: Plan, view: DeploymentView | None, dr
                                   "slot": f"{slot.state} generation {slot.generation}" if slot else None})]
     detected = failure_of(previous, node.detected_at)
     lock_s = now.wall - detected if detected is not None else None
+    wake = float(plan.failover.wake_timeout_s)
     promotion = Promotion(cohort=cohort, generation=rank.generation, previous=previous, lock_at=now.wall,
-                          deadline=now.mono + PROMOTION_TIMEOUT_S)
+                          deadline=now.mono + wake + PROMOTION_TIMEOUT_S, wake_deadline=now.mono + wake)
     return actions + [BeginPromotion(promotion),
                       Record("lock-acquired", cohort, rank.generation, {"previous": previous, "lock_s": rounded(lock_s)})]
 
@@ -130,6 +133,12 @@ def verify_promotion(view: DeploymentView, driver: DriverMemory, node: NodeMemor
         if p.completion is not None and p.completion.ok:
             return actions + promoted(p, active_at, node)
         actions.append(ProbePromotion())
+    if active_at is None and now.mono > p.wake_deadline:  # hung while waking: it keeps the lock from the rest
+        return actions + [EndPromotion(count="promotions_unverified_total"),
+                          Record("wake-timeout", p.cohort, p.generation, {
+                              "waited_s": round(now.wall - p.lock_at, 3), "state": seen.state,
+                              "detail": "the lock holder is not active; failed, so the next shadow takes over"}),
+                          Declare(p.cohort, p.generation, "wake-timeout")]
     if now.mono > p.deadline:
         missing = "its active state" if active_at is None else "its registration" if not leases \
             else f"a completion through the frontend ({p.completion.error if p.completion else 'no answer'})"
@@ -223,7 +232,7 @@ def running_due(slot: Slot, revision: int, driver: DriverMemory, node: NodeMemor
         return actions
     if health is not None and health.ok:
         running = Slot(cohort=slot.cohort, generation=slot.generation, state=RUNNING, reason="parked",
-                       attempts=slot.attempts, since=now.wall)
+                       attempts=slot.attempts, since=now.wall, not_before=slot.not_before)
         detected = node.detected_at.get((slot.cohort, slot.generation - 1))
         return actions + [SwapSlot(running, revision, "running", then=(
             Record("relaunch-complete", slot.cohort, slot.generation,
@@ -238,6 +247,46 @@ def stable_due(slot: Slot, revision: int, failover: Failover, now: Now) -> list[
     if slot.state != RUNNING or not slot.attempts or now.wall - slot.since <= failover.stable_after_s:
         return []
     return [SwapSlot(replace(slot, attempts=0), revision, "stable")]
+
+
+# --- slot records: the first ones, broken ones -------------------------------------------------------------------
+def first_view(view: DeploymentView, cohorts: list[int], driver: DriverMemory, node: NodeMemory) -> list[Action]:
+    """What the driver takes from etcd when it starts: the serving cohort, and a slot for each cohort that has
+    none yet (running when its rank runs here, else launching)."""
+    if driver.adopted:
+        return []
+    actions: list[Action] = [SetServing(view.active.cohort if view.active else None)]
+    for cohort in cohorts:
+        if view.slot(cohort) is not None or any(k.endswith(f"/slots/{cohort}") for k in view.invalid):
+            continue
+        rank = node.ranks.get(cohort)
+        if rank is not None:
+            actions.append(CreateSlot(Slot(cohort=cohort, generation=rank.generation or 1, state=RUNNING)))
+        else:
+            actions.append(CreateSlot(Slot(cohort=cohort, generation=1, state=LAUNCHING, reason="not running")))
+    return actions
+
+
+def repair_invalid(view: DeploymentView, cohorts: list[int], node: NodeMemory, now: Now) -> list[Action]:
+    """A slot record of a planned cohort that does not parse (and was not written by a newer shadowline): write a
+    good one in its place, compare-and-swapped on its revision. The driver's rank of the cohort runs: that
+    generation is running. Else a new generation launches on every node (older ranks are retired)."""
+    actions: list[Action] = []
+    for key, bad in sorted(view.invalid.items()):
+        cohort_text = key.rsplit("/", 1)[-1]
+        if bad.newer or "/slots/" not in key or not cohort_text.isdigit() or int(cohort_text) not in cohorts:
+            continue
+        cohort = int(cohort_text)
+        rank = node.ranks.get(cohort)
+        if rank is not None and rank.generation:
+            slot = Slot(cohort=cohort, generation=rank.generation, state=RUNNING, reason="repaired", since=now.wall)
+        else:
+            known = [g for (c, g) in view.gone if c == cohort] + [g for (c, g) in node.detected_at if c == cohort]
+            slot = Slot(cohort=cohort, generation=max(known, default=0) + 1, state=LAUNCHING, since=now.wall,
+                        reason="repaired", not_before=now.wall)
+        actions.append(SwapSlot(slot, bad.revision, "repair", then=(
+            Record("record-repaired", cohort, slot.generation, {"key": key, "why": bad.why, "state": slot.state}),)))
+    return actions
 
 
 # --- other agents, the GMS servers -----------------------------------------------------------------------------
@@ -315,6 +364,8 @@ class DriverDuties:
         self.execute(lock_changed(holder, self.plan, view, self.memory, self.node, now))
 
     def drive(self, view: DeploymentView, now: Now) -> None:
+        self.execute(first_view(view, self.plan.cohort_ids, self.memory, self.node))
+        self.execute(repair_invalid(view, self.plan.cohort_ids, self.node, now))
         self.execute(republish_weights(view, self.memory))
         self.execute(verify_promotion(view, self.memory, self.node, self.promotion_seen(), now))
         self.execute(watch_agents(view, self.host, self.memory, self.plan.failover, now))

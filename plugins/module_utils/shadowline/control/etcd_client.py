@@ -17,6 +17,7 @@ call does not expect) is not retried elsewhere. Every failure raises ``EtcdError
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import socket
 import time
@@ -33,10 +34,12 @@ NOT_FOUND = 5  # gRPC status code etcd returns for an unknown lease
 class EtcdError(Exception):
     """etcd could not be reached, or answered with an error; the message names the endpoint."""
 
-    def __init__(self, message: str, endpoint: str | None = None, code: int | None = None) -> None:
+    def __init__(self, message: str, endpoint: str | None = None, code: int | None = None,
+                 compacted: int = 0) -> None:
         super().__init__(message)
         self.endpoint = endpoint
         self.code = code  # the gRPC status code when etcd answered with an error
+        self.compacted = compacted  # a watch cancelled because its revision was compacted: read again, then watch
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,13 @@ def _range(prefix: str) -> dict[str, str]:
 
 
 def _kv(data: dict[str, Any]) -> KV:
+    try:
+        return _parse_kv(data)
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as err:
+        raise EtcdError(f"etcd answered with a malformed key-value: {err}") from None
+
+
+def _parse_kv(data: dict[str, Any]) -> KV:
     return KV(key=_unb64(data.get("key")).decode("utf-8", "replace"), value=_unb64(data.get("value")),
               mod_revision=int(data.get("mod_revision", 0)), create_revision=int(data.get("create_revision", 0)),
               lease=int(data.get("lease", 0)))
@@ -93,12 +103,16 @@ def _normalise(endpoint: str) -> str:
 
 
 class Etcd:
-    def __init__(self, endpoints: list[str] | str, timeout: float = 2.0) -> None:
+    """``timeout``: the longest one endpoint may take to answer; ``deadline``: the longest one call may take over
+    every endpoint it tries (an unreachable member costs at most its share, never a sum of timeouts)."""
+
+    def __init__(self, endpoints: list[str] | str, timeout: float = 2.0, deadline: float = 3.0) -> None:
         items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
         self.endpoints = [_normalise(e) for e in items if e and e.strip()]
         if not self.endpoints:
             raise EtcdError("no etcd endpoint given (expected e.g. http://10.0.0.1:2379)")
         self.timeout = timeout
+        self.deadline = max(timeout, deadline)
         self._preferred = 0
 
     def __repr__(self) -> str:
@@ -114,12 +128,17 @@ class Etcd:
         """POST one request; the next endpoint on connection failures, EtcdError when none answers."""
         data = json.dumps(body).encode()
         failures = []
+        deadline = time.monotonic() + self.deadline
         for index in self._order():
             endpoint = self.endpoints[index]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0.01:
+                failures.append(f"{endpoint}: not tried, the call's deadline ({self.deadline:g} s) passed")
+                continue
             request = urllib.request.Request(endpoint + path, data=data, method="POST",
                                              headers={"Content-Type": "application/json"})
             try:
-                with open_direct(request, self.timeout) as response:
+                with open_direct(request, min(self.timeout, remaining)) as response:
                     payload = response.read()
             except urllib.error.HTTPError as err:
                 error = _error_body(err)
@@ -133,16 +152,19 @@ class Etcd:
                     continue
                 raise EtcdError(f"etcd at {endpoint} refused {path}: {error.get('message') or err.reason} "
                                 f"(HTTP {err.code})", endpoint, code) from None
-            except (urllib.error.URLError, OSError, TimeoutError) as err:
-                reason = getattr(err, "reason", err)
+            except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as err:
+                reason = getattr(err, "reason", None) or repr(err)  # a truncated answer: BadStatusLine, IncompleteRead
                 failures.append(f"{endpoint}: {reason}")
                 continue
             self._preferred = index
-            try:
-                return json.loads(payload or b"{}")
+            try:  # etcd always answers with a JSON object: nothing at all is an answer cut short
+                answer = json.loads(payload) if payload else None
             except ValueError:
-                raise EtcdError(f"etcd at {endpoint} answered {path} with something that is not JSON: "
-                                f"{payload[:200]!r}", endpoint) from None
+                answer = None
+            if not isinstance(answer, dict):
+                failures.append(f"{endpoint}: answered with something that is not a JSON object: {payload[:200]!r}")
+                continue
+            return answer
         raise EtcdError(f"no etcd endpoint answered {path} (timeout {self.timeout:g} s): " + "; ".join(failures),
                         ",".join(self.endpoints))
 
@@ -153,8 +175,13 @@ class Etcd:
         return _kv(kvs[0]) if kvs else None
 
     def get_prefix(self, prefix: str) -> list[KV]:
+        return self.range_prefix(prefix)[0]
+
+    def range_prefix(self, prefix: str) -> tuple[list[KV], int]:
+        """Every key under ``prefix``, and the store's revision of the read (a watch continues after it)."""
         body = {**_range(prefix), "sort_target": "KEY", "sort_order": "ASCEND"}
-        return [_kv(item) for item in self._call("/v3/kv/range", body).get("kvs", [])]
+        answer = self._call("/v3/kv/range", body)
+        return [_kv(item) for item in answer.get("kvs") or []], _revision(answer)
 
     def put(self, key: str, value: str | bytes, lease: int = 0) -> int:
         """Write ``key``; returns the store's revision after the write."""
@@ -218,6 +245,16 @@ class Etcd:
             return -1
         return int(answer.get("TTL", -1))
 
+    # -- maintenance ---------------------------------------------------------------------------------- #
+
+    def compact(self, revision: int) -> None:
+        """Drop the history before ``revision`` (what etcd's auto-compaction does periodically)."""
+        self._call("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+
+    def defragment(self) -> None:
+        """Give the space of compacted history back (on the member that answers)."""
+        self._call("/v3/maintenance/defragment", {})
+
     # -- watch ---------------------------------------------------------------------------------------- #
 
     def watch(self, prefix: str, start_revision: int, timeout: float) -> list[Event]:
@@ -234,13 +271,16 @@ class Etcd:
             endpoint = self.endpoints[index]
             request = urllib.request.Request(endpoint + "/v3/watch", data=body, method="POST",
                                              headers={"Content-Type": "application/json"})
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
             try:
-                response = open_direct(request, min(self.timeout, max(0.05, timeout)))
+                response = open_direct(request, min(self.timeout, max(0.05, remaining)))
             except urllib.error.HTTPError as err:
                 raise EtcdError(f"etcd at {endpoint} refused a watch of {prefix!r}: "
                                 f"{_error_body(err).get('message') or err.reason}", endpoint) from None
-            except (urllib.error.URLError, OSError, TimeoutError) as err:
-                failures.append(f"{endpoint}: {getattr(err, 'reason', err)}")
+            except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as err:
+                failures.append(f"{endpoint}: {getattr(err, 'reason', None) or repr(err)}")
                 continue
             self._preferred = index
             with response:
@@ -261,23 +301,33 @@ def _read_events(response: Any, endpoint: str, prefix: str, deadline: float) -> 
             line = response.readline()
         except (TimeoutError, socket.timeout):
             return []
-        except OSError as err:
-            raise EtcdError(f"watch of {prefix!r} on {endpoint} broke: {err}", endpoint) from None
+        except (OSError, http.client.HTTPException) as err:
+            raise EtcdError(f"watch of {prefix!r} on {endpoint} broke: {err!r}", endpoint) from None
         if not line:
             raise EtcdError(f"etcd at {endpoint} closed the watch of {prefix!r}", endpoint)
         if not line.strip():
             continue
-        message = json.loads(line)
+        try:
+            message = json.loads(line)
+            if not isinstance(message, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            raise EtcdError(f"etcd at {endpoint} sent a watch message that is not JSON: {line[:200]!r}",
+                            endpoint) from None
         if "error" in message:
             error = message["error"]
             raise EtcdError(f"etcd at {endpoint} ended the watch of {prefix!r}: {error.get('message', error)}",
                             endpoint)
         result = message.get("result", {})
         if result.get("canceled"):
-            compacted = result.get("compact_revision")
+            compacted = int(result.get("compact_revision") or 0)
             why = f"revision {compacted} and earlier were compacted" if compacted else result.get("cancel_reason", "")
-            raise EtcdError(f"etcd at {endpoint} cancelled the watch of {prefix!r}: {why}", endpoint)
-        events = [_event(e) for e in result.get("events", [])]
+            raise EtcdError(f"etcd at {endpoint} cancelled the watch of {prefix!r}: {why}", endpoint,
+                            compacted=compacted)
+        try:
+            events = [_event(e) for e in result.get("events", [])]
+        except (ValueError, TypeError, AttributeError) as err:
+            raise EtcdError(f"etcd at {endpoint} sent a malformed watch event: {err}", endpoint) from None
         if events:
             return events
 
@@ -298,7 +348,10 @@ def _socket_of(response: Any) -> socket.socket | None:
 
 
 def _revision(answer: dict[str, Any]) -> int:
-    return int(answer.get("header", {}).get("revision", 0))
+    try:
+        return int(answer.get("header", {}).get("revision", 0))
+    except (ValueError, TypeError, AttributeError) as err:
+        raise EtcdError(f"etcd answered with a malformed header: {err}") from None
 
 
 def _error_body(err: urllib.error.HTTPError) -> dict[str, Any]:

@@ -21,15 +21,18 @@ from .actions import (
     BeginPromotion,
     ClearGmsLost,
     Confirm,
+    CreateSlot,
     Declare,
     EndPromotion,
     FinishTeardown,
+    KillRest,
     Launch,
     Launched,
     LaunchFailed,
     MarkHealthy,
     NoteDetected,
     NoteLaunched,
+    NoteProgress,
     ObserveTeardown,
     ProbePromotion,
     ProbeServing,
@@ -38,8 +41,11 @@ from .actions import (
     Record,
     RecordActive,
     ReportGmsLost,
+    ReportInvalid,
     RevokeRegistration,
+    SetGeneration,
     SetHolder,
+    SetServing,
     SwapSlot,
     TearDown,
     WakeAt,
@@ -50,8 +56,12 @@ from .discovery import revoke_leases, worker_registrations
 from .etcd_client import Etcd, EtcdError
 from .events import EventLog
 from .memory import DriverMemory, LocalRank, NodeMemory, Start, Teardown
-from .proc import alive, kill_cgroup, systemctl, terminate_cgroup
+from .proc import alive, kill_cgroup, systemctl, wait_cgroup_empty
 from .view import Now
+
+KILL_WAIT_S = 0.1  # after SIGKILL, how long a teardown waits for the cgroup to empty before the loop goes on
+KILL_AGAIN_S = 0.2  # a cgroup not empty after SIGKILL: killed again this often (forks, a wait that ends)
+NOT_GONE_REPORT_S = 1.0  # a killed rank's cgroup still not empty this long after the teardown began: say so
 
 
 @dataclass
@@ -84,6 +94,7 @@ class Executor:
         self.schedule = schedule
         self.wake_fd = wake_fd
         self.probes: queue.Queue[ProbeResult] = queue.Queue()
+        self.confirms: list[Confirm] = []  # written to etcd after the tick's kills and declarations
 
     def __call__(self, actions: list[Action]) -> None:
         for action in actions:
@@ -105,8 +116,10 @@ class Executor:
             teardown = self.node.terminating.pop(action.cohort, None)
             if teardown is not None:
                 self.finish_teardown(teardown.rank, teardown.since)
+        elif isinstance(action, KillRest):
+            self.kill_rest(action.cohort)
         elif isinstance(action, Confirm):
-            self.confirm(action.cohort, action.generation, action.when)
+            self.confirms.append(action)
         elif isinstance(action, Launch):
             self.launch(action.cohort, action.generation)
         elif isinstance(action, Launched):
@@ -127,6 +140,21 @@ class Executor:
             rank = self.node.ranks.get(action.cohort)
             if rank is not None:
                 rank.healthy_at = action.at
+        elif isinstance(action, NoteProgress):
+            rank = self.node.ranks.get(action.cohort)
+            if rank is not None:
+                rank.progress = action.mark
+        elif isinstance(action, SetGeneration):
+            rank = self.node.ranks.get(action.cohort)
+            if rank is not None:
+                rank.generation = action.generation
+                self.events.write("rank-adopted", action.cohort, action.generation, pid=rank.pid)
+        elif isinstance(action, ReportInvalid):
+            self.node.reported_invalid.add((action.key, action.revision))
+            self.metrics.count("records_invalid_total")
+            self.events.write("record-invalid", key=action.key, revision=action.revision, why=action.why,
+                              detail="written by a newer shadowline: upgrade this agent" if action.newer
+                              else "ignored: the agent acts on nothing in it")
         elif isinstance(action, ReportGmsLost):
             try:
                 self.etcd.put(self.coord.keys.gms_lost(self.host), json.dumps({"time": action.when}))
@@ -138,6 +166,12 @@ class Executor:
     # --- a node's ranks ----------------------------------------------------------------------------------------
     def declare(self, action: Declare) -> None:
         key = (action.cohort, action.generation)
+        if self.node.etcd_lost_since is not None:  # no etcd: the next view after it returns shows what to declare
+            if key not in self.node.declare_errors:
+                self.node.declare_errors.add(key)
+                self.events.write("declare-deferred", action.cohort, action.generation, reason=action.reason,
+                                  detail="etcd does not answer; declared from the first view after it returns")
+            return
         try:
             slot = self.coord.declare_failed(action.cohort, action.generation, action.reason, self.host)
         except EtcdError as err:
@@ -152,33 +186,72 @@ class Executor:
             self.events.write("failure-declared", action.cohort, action.generation, reason=action.reason)
 
     def tear_down(self, rank: LocalRank, since: float, grace: float) -> None:
-        """Kill every process of the rank (its unit's cgroup), confirm, and record it in etcd. With a grace (a
-        planned failover), SIGTERM now and SIGKILL whatever is left when it ends, without blocking the loop."""
+        """Kill every process of the rank (its unit's cgroup) without waiting for etcd. With a grace (a planned
+        failover), SIGTERM now and SIGKILL whatever is left when it ends. Confirmed gone only once the cgroup is
+        empty: what outlives SIGKILL (an uninterruptible wait) keeps the teardown open, killed again each pass."""
         self.node.ranks.pop(rank.cohort, None)
+        now = Now.read().mono
         if grace > 0 and rank.cgroup:
             kill_cgroup(rank.cgroup, signal.SIGTERM)
-            self.node.terminating[rank.cohort] = Teardown(rank=rank, since=since,
-                                                          kill_at=Now.read().mono + grace)
+            self.node.terminating[rank.cohort] = Teardown(rank=rank, since=since, kill_at=now + grace)
             self.events.write("ranks-terminating", rank.cohort, rank.generation, grace_s=grace)
             return
-        self.finish_teardown(rank, since)
+        if self.kill(rank):
+            self.finish_teardown(rank, since)
+            return
+        self.node.terminating[rank.cohort] = Teardown(rank=rank, since=since, kill_at=now + KILL_AGAIN_S,
+                                                      killed=True)
+
+    def kill(self, rank: LocalRank) -> bool:
+        """SIGKILL the rank; True when nothing of it is left."""
+        if not rank.cgroup:
+            if alive(rank.pid):
+                os.kill(rank.pid, signal.SIGKILL)
+            return not alive(rank.pid)
+        kill_cgroup(rank.cgroup, signal.SIGKILL)
+        return wait_cgroup_empty(rank.cgroup, KILL_WAIT_S)
+
+    def kill_rest(self, cohort: int) -> None:
+        teardown = self.node.terminating.get(cohort)
+        if teardown is None:
+            return
+        rank = teardown.rank
+        if self.kill(rank):
+            self.node.terminating.pop(cohort, None)
+            self.finish_teardown(rank, teardown.since)
+            return
+        now = Now.read()
+        teardown.killed = True
+        teardown.kill_at = now.mono + KILL_AGAIN_S
+        if not teardown.reported and now.wall - teardown.since > NOT_GONE_REPORT_S:
+            teardown.reported = True
+            self.events.write("ranks-not-gone", rank.cohort, rank.generation,
+                              seconds=round(now.wall - teardown.since, 3),
+                              detail="processes outlived SIGKILL (uninterruptible wait?); not confirmed gone "
+                                     "until the cgroup is empty")
 
     def finish_teardown(self, rank: LocalRank, since: float) -> None:
-        gone = terminate_cgroup(rank.cgroup, 0.0) if rank.cgroup else not alive(rank.pid)
+        """Nothing of the rank runs any more: confirm (after this tick's declarations), settle the unit."""
         done = Now.read().wall
         if rank.pidfd is not None:
             os.close(rank.pidfd)
             rank.pidfd = None
-        if gone:
-            self.confirm(rank.cohort, rank.generation, done)
+        self.confirms.append(Confirm(rank.cohort, rank.generation, done))
         systemctl("stop", "--no-block", rank.unit)  # settle the unit; its processes are already gone
         self.metrics.count("teardowns_total")
-        self.events.write("ranks-gone" if gone else "ranks-not-gone", rank.cohort, rank.generation, when=done,
-                          seconds=round(done - since, 4))
+        self.events.write("ranks-gone", rank.cohort, rank.generation, when=done, seconds=round(done - since, 4))
+
+    def flush(self) -> None:
+        """The tick's confirmations, written once its kills and declarations are done."""
+        confirms, self.confirms = self.confirms, []
+        for action in confirms:
+            self.confirm(action.cohort, action.generation, action.when)
 
     def confirm(self, cohort: int, generation: int, when: float) -> None:
-        if (cohort, generation) in self.node.confirmed:
+        if (cohort, generation) in self.node.confirmed or not generation:
             return
+        if self.node.etcd_lost_since is not None:
+            return  # the slot, once etcd answers again, asks for it (node_duties.settle_failed)
         try:
             self.coord.confirm_gone(cohort, generation, self.host, when)
             self.node.confirmed.add((cohort, generation))
@@ -214,6 +287,17 @@ class Executor:
             self.metrics.observe("teardown_seconds", action.seconds)
         elif isinstance(action, NoteLaunched):
             driver.launched_at.setdefault((action.cohort, action.generation), action.when)
+        elif isinstance(action, SetServing):
+            driver.adopted = True
+            if driver.serving is None:
+                driver.serving = action.cohort
+        elif isinstance(action, CreateSlot):
+            try:
+                if self.coord.create_slot(action.slot):
+                    self.events.write("slot-created", action.slot.cohort, action.slot.generation,
+                                      state=action.slot.state)
+            except EtcdError:
+                driver.adopted = False  # the next view tries again
         elif isinstance(action, SetHolder):
             if driver.holder is not None:
                 driver.last_holder = driver.holder

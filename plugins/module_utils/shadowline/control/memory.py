@@ -8,6 +8,15 @@ from dataclasses import dataclass, field
 from .frontend import Request
 
 
+@dataclass(frozen=True)
+class ProgressMark:
+    """A rank's progress signal as the agent last saw it: its value, and when (monotonic) it last changed.
+    ``moved``: it changed since the agent first saw it (a signal never seen moving is not judged)."""
+    value: float
+    changed_at: float
+    moved: bool = False
+
+
 @dataclass
 class LocalRank:
     cohort: int
@@ -19,6 +28,7 @@ class LocalRank:
     leader: bool
     started: float  # when systemd started the rank's main process (unix time)
     healthy_at: float | None = None  # the last 200 from the leader's /health (monotonic); None: none yet
+    progress: ProgressMark | None = None  # None: its progress signal not seen yet
 
 
 @dataclass
@@ -30,21 +40,25 @@ class Start:
 
 @dataclass
 class Teardown:
-    """A rank sent SIGTERM, waiting for its grace to end (a planned failover lets engines drain)."""
+    """A rank being torn down, until its cgroup is empty: in its SIGTERM grace (a planned failover lets engines
+    drain), or killed with processes still left (e.g. in an uninterruptible wait): never confirmed gone before."""
     rank: LocalRank
     since: float  # the declaration (unix time), the base of the teardown time
     kill_at: float  # monotonic
+    killed: bool = False  # SIGKILL sent: waiting for the cgroup to empty
+    reported: bool = False  # ranks-not-gone written
 
 
 @dataclass
 class NodeMemory:
     ranks: dict[int, LocalRank] = field(default_factory=dict)  # cohort -> this node's rank
     starting: dict[int, Start] = field(default_factory=dict)  # cohort -> a start in progress
-    terminating: dict[int, Teardown] = field(default_factory=dict)  # cohort -> a rank in its SIGTERM grace
+    terminating: dict[int, Teardown] = field(default_factory=dict)  # cohort -> a rank not gone yet
     confirmed: set[tuple[int, int]] = field(default_factory=set)  # (cohort, generation) recorded gone by us
     detected_at: dict[tuple[int, int], float] = field(default_factory=dict)  # (cohort, generation) -> declared (unix)
     declare_errors: set[tuple[int, int]] = field(default_factory=set)
     etcd_lost_since: float | None = None  # monotonic; None while etcd answers
+    reported_invalid: set[tuple[str, int]] = field(default_factory=set)  # (key, revision) of records reported
 
 
 @dataclass
@@ -54,7 +68,8 @@ class Promotion:
     generation: int
     previous: str | None  # the holder before it
     lock_at: float  # unix time
-    deadline: float  # monotonic
+    deadline: float  # monotonic: verified (active, registered, served) by then, or reported unverified
+    wake_deadline: float  # monotonic: active by then, or failed (wake-timeout) so the next shadow takes over
     active_at: float | None = None  # its failover state metric says active (unix)
     leases: list[int] = field(default_factory=list)  # its discovery registration
     registered_at: float | None = None
@@ -69,6 +84,7 @@ class DriverMemory:
     revoked: set[tuple[int, int]] = field(default_factory=set)  # (cohort, generation) whose registration went
     promotion: Promotion | None = None  # the lock's new holder until its serving is verified
     serving: int | None = None  # the cohort last verified serving
+    adopted: bool = False  # the first view was taken (the serving cohort read, missing slots created)
     holder: str | None = None  # the live lock holder, engine-<id>
     last_holder: str | None = None  # the holder before it, for promotion timing
     agents_seen: set[str] = field(default_factory=set)  # nodes whose agent was seen registered

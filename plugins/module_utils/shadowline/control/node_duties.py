@@ -2,10 +2,14 @@
 observations, the agent's memory, the clock) returning actions (actions.py); and NodeDuties, which observes,
 calls them and hands their actions to the executor, in the order a tick needs them.
 
-Duties: a rank that exits (pidfd) fails its generation; a slot declared failed tears this node's rank down (at
-once, from the watch event: the hot path); a hung leader (/health) or stalled collective (progress signal)
-fails its generation, and a node cut off from etcd whose collective stalled fences itself; the ranks follow the
-slot records (launch a new generation, retire a leftover, abandon a start that was superseded, confirm).
+Duties: a rank that exits (pidfd) is torn down on this node at once (local first: before etcd hears of it) and
+its generation declared failed; a slot declared failed tears this node's rank down (at once, from the watch event:
+the hot path); a hung leader (/health) or stalled collective (progress signal) fails its generation, and a node
+cut off from etcd whose collective stalled fences itself; the ranks follow the slot records (launch a new
+generation, retire a leftover, abandon a start that was superseded, confirm a teardown only once the rank's
+cgroup is empty). Generations are fencing tokens: a rank is only started into a generation whose slot is
+launching; a running generation with this node's rank missing (it died while nobody watched) is declared failed
+(rank-missing), never completed by starting the one rank alone.
 """
 
 from __future__ import annotations
@@ -21,24 +25,31 @@ from .actions import (
     Confirm,
     Declare,
     FinishTeardown,
+    KillRest,
     Launch,
     Launched,
     LaunchFailed,
     MarkHealthy,
     NoteDetected,
+    NoteProgress,
     Record,
     ReportGmsLost,
+    ReportInvalid,
+    SetGeneration,
     TearDown,
     WakeAt,
 )
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
-from .memory import LocalRank, NodeMemory, Start
+from .memory import LocalRank, NodeMemory, ProgressMark, Start
 from .observe import HealthAnswer, UnitState
 from .policy import COLLECTIVE_STALLED, HangPolicy, silence
 from .view import DeploymentView, Now
 
 START_JOB_S = 30.0  # a unit start job that has not made the unit active by then has failed
 INACTIVE_AFTER_START_S = 2.0  # a unit still inactive this long after `systemctl start`: its job did not run
+CLOCK_SKEW_S = 1.0  # between nodes' clocks: an adopted rank started this much before its generation's launch is
+# still counted as of that generation (NTP keeps cluster clocks far closer); earlier, it is a leftover
+NOT_GONE_REPORT_S = 1.0  # a killed rank's cgroup still not empty after this long: say so (once)
 
 
 # --- decisions ----------------------------------------------------------------------------------------------------
@@ -48,10 +59,10 @@ def teardown_grace(slot: Slot, failover: Failover) -> float:
 
 
 def rank_exited(rank: LocalRank, now: Now, failover: Failover) -> list[Action]:
-    """The rank's main process exited: its generation has failed."""
+    """The rank's main process exited: kill the rest of it here at once, then declare its generation failed."""
     return [Record("rank-exited", rank.cohort, rank.generation, {"pid": rank.pid}),
-            Declare(rank.cohort, rank.generation, "rank-exited"),
-            TearDown(rank, now.wall, float(failover.term_grace_s))]
+            TearDown(rank, now.wall, float(failover.term_grace_s)),
+            Declare(rank.cohort, rank.generation, "rank-exited")]
 
 
 def slot_failed(slot: Slot, memory: NodeMemory, failover: Failover) -> list[Action]:
@@ -64,18 +75,29 @@ def slot_failed(slot: Slot, memory: NodeMemory, failover: Failover) -> list[Acti
             TearDown(rank, slot.since, teardown_grace(slot, failover))]
 
 
-def settle_failed(slot: Slot, memory: NodeMemory, failover: Failover, now: Now) -> list[Action]:
-    """Reconcile a failed or dead slot: tear the rank down, or confirm there is nothing (any more) of it here."""
+def settle_failed(slot: Slot, memory: NodeMemory, failover: Failover, now: Now,
+                  leftover: LocalRank | None = None) -> list[Action]:
+    """Reconcile a failed or dead slot: tear the rank down, or confirm there is nothing (any more) of it here.
+    ``leftover``: processes in the cohort's unit that the agent does not track (it restarted meanwhile)."""
     actions = slot_failed(slot, memory, failover)
-    if not actions and slot.state == FAILED and slot.cohort not in memory.terminating:
-        actions = [Confirm(slot.cohort, slot.generation, now.wall)]
-    return actions
+    if actions or slot.cohort in memory.terminating:
+        return actions
+    if leftover is not None:
+        return [Record("leftover-found", slot.cohort, slot.generation, {"cgroup": leftover.cgroup}),
+                TearDown(leftover, now.wall, 0.0)]
+    return [Confirm(slot.cohort, slot.generation, now.wall)] if slot.state == FAILED else []
 
 
 def teardowns_due(memory: NodeMemory, alive: dict[int, bool], now: Now) -> list[Action]:
-    """SIGTERM teardowns whose ranks left, or whose grace ended: finish them (SIGKILL what is left, confirm)."""
-    return [FinishTeardown(cohort) for cohort, teardown in memory.terminating.items()
-            if not alive.get(cohort, False) or now.mono >= teardown.kill_at]
+    """Teardowns whose cgroups are empty: finish them (confirm). Those whose grace ended, or whose processes
+    outlived SIGKILL: SIGKILL what is left, again (never confirmed gone while anything of it runs)."""
+    actions: list[Action] = []
+    for cohort, teardown in memory.terminating.items():
+        if not alive.get(cohort, False):
+            actions.append(FinishTeardown(cohort))
+        elif now.mono >= teardown.kill_at:
+            actions.append(KillRest(cohort))
+    return actions
 
 
 def abandon_stale_start(slot: Slot, memory: NodeMemory) -> list[Action]:
@@ -98,15 +120,50 @@ def retire_leftover(slot: Slot, memory: NodeMemory, failover: Failover, now: Now
 
 
 def launch_due(slot: Slot, memory: NodeMemory, now: Now) -> list[Action]:
-    """No rank of a launching or running slot here: start it once its not_before has come, else wake then."""
+    """No rank of the slot here. Launching: start it once its not_before has come, else wake then. Running: this
+    node's rank of the running generation is missing (it died while the agent was down or etcd was away):
+    the generation has failed (rank-missing); starting the one rank alone would make a mixed generation."""
     cohort = slot.cohort
     if slot.state not in (LAUNCHING, RUNNING) or cohort in memory.ranks:
         return []
     if cohort in memory.starting or cohort in memory.terminating:
         return []
+    if slot.state == RUNNING:
+        return [Record("rank-missing", cohort, slot.generation,
+                       {"detail": "this node's rank of the running generation is not running"}),
+                Declare(cohort, slot.generation, "rank-missing")]
     if now.wall >= slot.not_before:
         return [NoteDetected(cohort, slot.generation - 1, slot.since), Launch(cohort, slot.generation)]
     return [WakeAt(now.mono + slot.not_before - now.wall, full=True)]
+
+
+def adopted_generation(rank: LocalRank, slot: Slot | None) -> int:
+    """The generation of a rank found running when the agent started: the slot's, unless the rank started well
+    before that generation was launched (then it is a leftover of an older one, torn down by retire_leftover)."""
+    if slot is None:
+        return 1
+    if rank.started < slot.not_before - CLOCK_SKEW_S:
+        return slot.generation - 1
+    return slot.generation
+
+
+def settle_adopted(view: DeploymentView, memory: NodeMemory, now: Now) -> list[Action]:
+    """Give each adopted rank its generation, from the first view of the slots."""
+    actions: list[Action] = []
+    for cohort, rank in memory.ranks.items():
+        if rank.generation:
+            continue
+        slot = view.slot(cohort)
+        actions.append(SetGeneration(cohort, adopted_generation(rank, slot)))
+        if slot is not None and slot.state == RUNNING:  # it was healthy before this agent started
+            actions.append(MarkHealthy(cohort, now.mono))
+    return actions
+
+
+def report_invalid(view: DeploymentView, memory: NodeMemory) -> list[Action]:
+    """Records of the view the agent ignores: reported once per revision."""
+    return [ReportInvalid(key, bad.revision, bad.why, bad.newer) for key, bad in sorted(view.invalid.items())
+            if (key, bad.revision) not in memory.reported_invalid]
 
 
 def start_failure(unit: UnitState, since: float, now: Now) -> str | None:
@@ -138,14 +195,25 @@ def health_probe_timeout(rank: LocalRank, hang: HangPolicy, now: Now) -> float:
     return min(0.5, max(0.05, left))
 
 
-def judge_rank(rank: LocalRank, progress_mtime: float | None, health: HealthAnswer | None, now: Now,
+def progress_seen(rank: LocalRank, value: float | None, now: Now) -> tuple[ProgressMark | None, list[Action]]:
+    """The rank's progress mark after this observation of its signal (``value``: e.g. a heartbeat file's
+    mtime, a token counter; None: no signal). Time is the agent's monotonic clock: a step of the wall clock
+    can neither fake progress nor a stall."""
+    mark = rank.progress
+    if value is None or (mark is not None and value == mark.value):
+        return mark, []
+    mark = ProgressMark(value=value, changed_at=now.mono, moved=mark is not None)
+    return mark, [NoteProgress(rank.cohort, mark)]
+
+
+def judge_rank(rank: LocalRank, progress: float | None, health: HealthAnswer | None, now: Now,
                hang: HangPolicy, failover: Failover, etcd_lost_since: float | None) -> list[Action]:
     """Hung leader (no 200 from /health for health_timeout_s since the last one) or stalled collective (the
-    progress signal still since heartbeat_stall_s). A rank is judged only once it has shown the signal since its
-    start: weight loading takes as long as it takes. Fencing: a node cut off from etcd for longer than the agent
-    lease whose collective stalled too tears its rank down itself (the others have declared it failed); an etcd
-    outage alone, with collectives progressing, never costs a serving cohort."""
-    actions: list[Action] = []
+    progress signal still for heartbeat_stall_s). A rank is judged only once it has shown the signal (moving,
+    or a 200) since the agent tracks it: weight loading takes as long as it takes. Fencing: a node cut off from
+    etcd for longer than the agent lease whose collective stalled too tears its rank down itself (the others
+    have declared it failed); an etcd outage alone, with collectives progressing, never costs a serving cohort."""
+    mark, actions = progress_seen(rank, progress, now)
     healthy_at = rank.healthy_at
     if health is not None and health.ok:
         actions.append(MarkHealthy(rank.cohort, health.at))
@@ -153,7 +221,8 @@ def judge_rank(rank: LocalRank, progress_mtime: float | None, health: HealthAnsw
     health_silent = None
     if health is not None and not health.ok and healthy_at is not None:
         health_silent = silence(healthy_at, 0.0, health.at)
-    reason = hang.judge(silence(progress_mtime, rank.started, now.wall), health_silent)
+    progress_silent = max(0.0, now.mono - mark.changed_at) if mark is not None and mark.moved else None
+    reason = hang.judge(progress_silent, health_silent)
     if reason is None:
         if health_silent is not None:  # decide at the deadline, not a check period later
             actions.append(WakeAt(hang.health_deadline(healthy_at or 0.0)))
@@ -200,29 +269,38 @@ class NodeDuties:
             self.execute(start_progress(cohort, start, tracked, unit, now))
 
     def finish_teardowns(self, now: Now) -> None:
-        alive = {c: observe.cgroup_alive(t.rank.cgroup) for c, t in self.memory.terminating.items()}
+        alive = {c: observe.rank_alive(t.rank) for c, t in self.memory.terminating.items()}
         self.execute(teardowns_due(self.memory, alive, now))
 
     def reconcile(self, view: DeploymentView, now: Now) -> None:
         """Make this node's ranks match the slot records."""
+        self.execute(report_invalid(view, self.memory))
+        self.execute(settle_adopted(view, self.memory, now))
         for entry in view.slots.values():
             slot = entry.slot
             self.execute(abandon_stale_start(slot, self.memory))
             if slot.state in (FAILED, DEAD):
-                self.execute(settle_failed(slot, self.memory, self.failover, now))
+                leftover = None
+                if slot.cohort not in self.memory.ranks and slot.cohort not in self.memory.terminating:
+                    leftover = observe.untracked(self.plan, self.host, slot.cohort, slot.generation)
+                self.execute(settle_failed(slot, self.memory, self.failover, now, leftover))
             else:
                 self.execute(retire_leftover(slot, self.memory, self.failover, now))
                 self.execute(launch_due(slot, self.memory, now))
 
     def check_health(self) -> None:
         for rank in list(self.memory.ranks.values()):
+            if not rank.generation:
+                continue  # adopted, its generation not known yet (etcd not read since the agent started)
             now = Now.read()
-            mtime = observe.progress_mtime(self.plan, rank.cohort, self.node_rank)
+            progress = observe.progress_mtime(self.plan, rank.cohort, self.node_rank)
+            mark, _unused = progress_seen(rank, progress, now)
+            progress_silent = now.mono - mark.changed_at if mark is not None and mark.moved else None
             health = None
-            if rank.leader and self.hang.judge(silence(mtime, rank.started, now.wall), None) is None:
+            if rank.leader and self.hang.judge(progress_silent, None) is None:
                 health = observe.leader_health(self.plan, rank.cohort, health_probe_timeout(rank, self.hang, now))
             now = Now.read()  # after the probe: it may have waited for its timeout
-            self.execute(judge_rank(rank, mtime, health, now, self.hang, self.failover, self.memory.etcd_lost_since))
+            self.execute(judge_rank(rank, progress, health, now, self.hang, self.failover, self.memory.etcd_lost_since))
 
     def on_gms_exit(self, now: Now) -> None:
         self.execute(gms_exited(now))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..deployment.plan import Plan
 from .http import http_get
 from .memory import LocalRank
-from .proc import cgroup_pids, monotonic_to_unix, pidfd_open, unit_properties
+from .proc import alive, cgroup_pids, monotonic_to_unix, pidfd_open, unit_properties
 
 
 @dataclass(frozen=True)
@@ -59,3 +59,20 @@ def progress_mtime(plan: Plan, cohort: int, node_rank: int) -> float | None:
 
 def cgroup_alive(cgroup: str | None) -> bool:
     return bool(cgroup and cgroup_pids(cgroup))
+
+
+def rank_alive(rank: LocalRank) -> bool:
+    """Is anything of the rank still running: a process in its unit's cgroup (or, without one, its main process)."""
+    return cgroup_alive(rank.cgroup) if rank.cgroup else alive(rank.pid)
+
+
+def untracked(plan: Plan, host: str, cohort: int, generation: int) -> LocalRank | None:
+    """Processes of ``cohort``'s unit that the agent does not track (left by a teardown before the agent
+    restarted, or started behind its back), as a rank to tear down; None when the unit's cgroup is empty."""
+    unit = plan.unit_name("engine", cohort)
+    props = unit_properties(unit, "MainPID", "ControlGroup")
+    cgroup = props.get("ControlGroup") or None
+    if not cgroup_alive(cgroup):
+        return None
+    return LocalRank(cohort=cohort, generation=generation, unit=unit, pid=int(props.get("MainPID", "0") or 0),
+                     pidfd=None, cgroup=cgroup, leader=plan.node(host).rank == 0, started=time.time())

@@ -79,18 +79,6 @@ def wait_cgroup_empty(cgroup: str, timeout_s: float, interval_s: float = 0.005) 
     return True
 
 
-def terminate_cgroup(cgroup: str, grace_s: float) -> bool:
-    """SIGTERM, then SIGKILL after ``grace_s``; True when the cgroup is empty. A grace of 0 kills at once."""
-    if grace_s > 0 and kill_cgroup(cgroup, signal.SIGTERM) and wait_cgroup_empty(cgroup, grace_s):
-        return True
-    for _unused in range(50):  # processes forked while we killed: repeat until none is left
-        if not kill_cgroup(cgroup, signal.SIGKILL):
-            return True
-        if wait_cgroup_empty(cgroup, 0.2):
-            return True
-    return not cgroup_pids(cgroup)
-
-
 def pidfd_open(pid: int) -> int | None:
     """A descriptor that becomes readable when ``pid`` exits (None if it is already gone)."""
     try:
@@ -109,7 +97,7 @@ def alive(pid: int) -> bool:
     return True
 
 
-def systemctl(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+def systemctl(*args: str, timeout: float = 10.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 

@@ -8,7 +8,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from .coordination import Keys, Slot
+from .coordination import Keys, RecordInvalid, Slot, gone_time
 from .etcd_client import KV, Etcd
 
 
@@ -38,12 +38,22 @@ class Active:
 
 
 @dataclass(frozen=True)
+class Invalid:
+    """A record the agent cannot act on: reported once per revision, otherwise ignored."""
+    revision: int
+    why: str
+    newer: bool = False  # written by a newer shadowline (a rolling upgrade): left alone
+
+
+@dataclass(frozen=True)
 class DeploymentView:
+    revision: int = 0  # the store's revision of the read: a watch continues after it
     slots: dict[int, SlotEntry] = field(default_factory=dict)
     active: Active | None = None
     agents: frozenset[str] = frozenset()  # nodes whose agent holds its lease
     gms_lost: dict[str, str] = field(default_factory=dict)  # node -> its gms_lost key
     gone: dict[tuple[int, int], dict[str, float]] = field(default_factory=dict)  # (cohort, generation) -> node -> when
+    invalid: dict[str, Invalid] = field(default_factory=dict)  # key -> why it was ignored
 
     def slot(self, cohort: int) -> Slot | None:
         entry = self.slots.get(cohort)
@@ -53,13 +63,16 @@ class DeploymentView:
         return self.gone.get((cohort, generation), {})
 
 
-def parse_view(keys: Keys, kvs: list[KV]) -> DeploymentView:
-    """The typed view of the deployment's keys (see coordination.py); unknown or broken keys are skipped."""
+def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int = 0) -> DeploymentView:
+    """The typed view of the deployment's keys (see coordination.py). A slot record that does not parse, or
+    names a cohort the plan does not have, lands in ``invalid`` (the agent reports it and acts on nothing in it);
+    other unknown or broken keys are skipped."""
     slots: dict[int, SlotEntry] = {}
     active: Active | None = None
     agents: set[str] = set()
     gms_lost: dict[str, str] = {}
     gone: dict[tuple[int, int], dict[str, float]] = {}
+    invalid: dict[str, Invalid] = {}
     for kv in kvs:
         if not kv.key.startswith(keys.root):
             continue
@@ -67,21 +80,31 @@ def parse_view(keys: Keys, kvs: list[KV]) -> DeploymentView:
         try:
             if parts[0] == "slots" and len(parts) == 2:
                 slot = Slot.from_kv(kv)
+                if kv.key != keys.slot(slot.cohort):
+                    raise RecordInvalid(f"the record says cohort {slot.cohort}, its key another")
+                if slot.cohort not in cohorts:
+                    raise RecordInvalid(f"cohort {slot.cohort} is not in the plan (cohorts {sorted(cohorts)})")
                 slots[slot.cohort] = SlotEntry(slot, kv.mod_revision)
             elif parts[0] == "agents" and len(parts) == 2:
                 agents.add(parts[1])
             elif parts[0] == "gms_lost" and len(parts) == 2:
                 gms_lost[parts[1]] = kv.key
             elif parts[0] == "gone" and len(parts) == 4:
-                gone.setdefault((int(parts[1]), int(parts[2])), {})[parts[3]] = float(json.loads(kv.value)["time"])
+                when = gone_time(kv.value)
+                if when is not None:
+                    gone.setdefault((int(parts[1]), int(parts[2])), {})[parts[3]] = when
             elif parts == ["active"]:
                 record = json.loads(kv.value)
                 active = Active(int(record["cohort"]), int(record["generation"]), float(record.get("since", 0.0)))
+        except RecordInvalid as err:
+            invalid[kv.key] = Invalid(kv.mod_revision, str(err), err.newer)
         except (ValueError, KeyError, TypeError):
             continue
-    return DeploymentView(slots=slots, active=active, agents=frozenset(agents), gms_lost=gms_lost, gone=gone)
+    return DeploymentView(revision=revision, slots=slots, active=active, agents=frozenset(agents),
+                          gms_lost=gms_lost, gone=gone, invalid=invalid)
 
 
-def read_view(etcd: Etcd, keys: Keys) -> DeploymentView:
+def read_view(etcd: Etcd, keys: Keys, cohorts: frozenset[int]) -> DeploymentView:
     """One range read of the deployment's prefix (raises EtcdError when etcd does not answer)."""
-    return parse_view(keys, etcd.get_prefix(keys.root))
+    kvs, revision = etcd.range_prefix(keys.root)
+    return parse_view(keys, kvs, cohorts, revision)

@@ -320,7 +320,10 @@ def _etcd_member(contract: Contract, dirs: _Dirs, node: Node) -> Process:
             "--listen-peer-urls", f"http://{node.address}:{ports.etcd_peer}",
             "--initial-advertise-peer-urls", f"http://{node.address}:{ports.etcd_peer}",
             "--initial-cluster", cluster, "--initial-cluster-token", f"shadowline-{contract.deployment}",
-            "--initial-cluster-state", "new")
+            "--initial-cluster-state", "new",
+            # keep one hour of history: a watcher's revision older than that is compacted (the agents' watch
+            # then reads the view again, control/feed.py); without it the history grows until etcd's quota
+            "--auto-compaction-mode", "periodic", "--auto-compaction-retention", "1h")
     return Process(host=node.host, argv=argv, env={})
 
 

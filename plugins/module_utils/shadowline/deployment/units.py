@@ -45,8 +45,9 @@ def exec_start(argv: tuple[str, ...] | list[str]) -> str:
     return "ExecStart=" + " ".join(systemd_quote(a) for a in argv)
 
 
-def service_unit(description: str, process: Process, read_write: list[str], *, user: str | None,
-                 after: list[str], restart: str, extra: tuple[str, ...] = (), unit_extra: tuple[str, ...] = ()) -> str:
+def service_unit(description: str, process: Process, read_write: list[str], *, user: str | None,  # noqa: PLR0913 (keyword-only settings of one unit)
+                 after: list[str], restart: str, extra: tuple[str, ...] = (), unit_extra: tuple[str, ...] = (),
+                 service_type: str = "exec") -> str:
     """A hardened service unit running ``process`` verbatim (every long-running process of a deployment but the
     engines, whose template unit is engine_template)."""
     unit = [
@@ -56,7 +57,7 @@ def service_unit(description: str, process: Process, read_write: list[str], *, u
         "Wants=network-online.target",
     ]
     unit += list(unit_extra)
-    unit += ["", "[Service]", "Type=exec"]
+    unit += ["", "[Service]", f"Type={service_type}"]
     if user:
         unit += [f"User={user}", f"Group={user}"]
     unit += environment_lines(process.env)
@@ -130,6 +131,9 @@ def engine_model_dropin(digest: str) -> str:
     return "\n".join(["[Service]"] + environment_lines({"SHADOWLINE_MODEL_DIGEST": digest}) + [""])
 
 
+AGENT_WATCHDOG_S = 20  # longer than any one step of the loop may block (a systemctl call, an etcd deadline)
+
+
 def agent_process(plan: Plan, host: str) -> Process:
     """The node agent's command: the runtime's interpreter, the plan the agent role writes, this node."""
     return Process(host=host, argv=(plan.python, "-m", "shadowline.control.agent", "--plan", plan.plan_path,
@@ -139,7 +143,11 @@ def agent_process(plan: Plan, host: str) -> Process:
 def agent_unit(plan: Plan, host: str) -> str:
     """The node agent: root (it stops and starts the engine units and kills their cgroups), never restarted
     into a second copy (it holds a lock), its state and event log under the deployment's state directory.
-    Restarted however often it fails (no start limit: a node without its agent has no failover at all)."""
+    Restarted however often it fails (no start limit: a node without its agent has no failover at all), and when
+    its loop stops ticking: it tells systemd it is ready and alive (control/systemd_notify.py), and systemd kills
+    and restarts an agent silent for AGENT_WATCHDOG_S."""
     return service_unit(f"shadowline {plan.deployment}: failover agent", agent_process(plan, host),
                         [plan.state_dir, plan.socket_dir], user=None, after=[], restart="always",
-                        extra=("RestartPreventExitStatus=3",), unit_extra=("StartLimitIntervalSec=0",))
+                        extra=("RestartPreventExitStatus=3", "NotifyAccess=main", f"WatchdogSec={AGENT_WATCHDOG_S}",
+                               "WatchdogSignal=SIGABRT"),
+                        unit_extra=("StartLimitIntervalSec=0",), service_type="notify")

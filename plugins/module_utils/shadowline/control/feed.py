@@ -1,0 +1,166 @@
+"""The agent's reading side of etcd, in a thread of its own so that a slow or absent etcd never holds up the loop
+(the loop kills local ranks at once and writes to etcd only when it has something to say).
+
+The feed keeps the agent's presence (``agents/<host>`` on a lease: registered again after the lease expired),
+watches the deployment's prefix, and reads its view (one range read, view.py) when the watch says something
+changed or every ``period_s``. The loop takes what arrived with ``take()``: the latest view, the slot records the
+watch delivered since (the hot path: a declared failure is torn down from the event itself), whether etcd
+answers, and notices for the event log.
+
+A watch whose revision etcd compacted away is cancelled by etcd; the feed then reads the view again and watches on
+from its revision (nothing is missed: the view holds every key as of that revision).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .coordination import Keys, RecordInvalid, Slot
+from .etcd_client import Etcd, EtcdError
+from .view import DeploymentView, read_view
+
+RETRY_S = 0.2  # after a failed call, wait this long before the next
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the feed saw that belongs in the event log (the loop writes it)."""
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FeedNews:
+    """What arrived since the loop last took it."""
+    view: DeploymentView | None = None  # the latest view, None when none was read since
+    slots: list[Slot] = field(default_factory=list)  # slot records the watch delivered, in order
+    notices: list[Notice] = field(default_factory=list)
+    lost_since: float | None = None  # monotonic: etcd has not answered since then; None while it answers
+
+
+class EtcdFeed:
+    def __init__(self, etcd: Etcd, keys: Keys, host: str, cohorts: frozenset[int], lease_ttl_s: int,  # noqa: PLR0913 (over the size limits of pyproject.toml; split it when it changes next)
+                 period_s: float, wake_fd: int) -> None:
+        self.etcd = etcd
+        self.keys = keys
+        self.host = host
+        self.cohorts = cohorts
+        self.lease_ttl_s = lease_ttl_s
+        self.period_s = period_s
+        self.wake_fd = wake_fd
+        self.stop = threading.Event()
+        self.lease = 0
+        self.revision = 0  # the watch continues after it; 0: read the view first
+        self.next_keepalive = 0.0
+        self.next_read = 0.0
+        self._lock = threading.Lock()
+        self._news = FeedNews()
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.run, name="etcd-feed", daemon=True)
+        thread.start()
+        return thread
+
+    def take(self) -> FeedNews:
+        with self._lock:
+            news, self._news = self._news, FeedNews(lost_since=self._news.lost_since)
+        return news
+
+    # --- the thread ---------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.step()
+                self.answered()
+            except EtcdError as err:
+                if err.compacted:
+                    self.notice("watch-resync", revision=self.revision, compacted=err.compacted)
+                    self.revision = 0  # read the whole view again, then watch on from its revision
+                    continue
+                self.unanswered(err)
+                self.stop.wait(RETRY_S)
+            except Exception as err:  # noqa: BLE001 (the feed must outlive anything one call does)
+                self.notice("feed-error", error=repr(err))
+                self.stop.wait(RETRY_S)
+
+    def step(self) -> None:
+        now = time.monotonic()
+        if not self.lease:
+            self.register()
+        elif now >= self.next_keepalive:
+            self.keepalive()
+        if self.revision == 0 or now >= self.next_read:
+            self.read()
+        timeout = min(self.next_read, self.next_keepalive) - time.monotonic()
+        events = self.etcd.watch(self.keys.root, self.revision, timeout=max(0.05, timeout))
+        if not events:
+            return
+        self.revision = max(e.mod_revision for e in events)
+        slots = []
+        for change in events:
+            if change.type == "put" and change.key.startswith(self.keys.slots()):
+                try:
+                    slots.append(Slot.parse(change.value))
+                except RecordInvalid:
+                    pass  # the view that follows names it (view.invalid) and the loop reports it
+        with self._lock:
+            self._news.slots += [s for s in slots if s.cohort in self.cohorts]
+        self.next_read = 0.0  # something changed: read the view at once
+        self.wake()
+
+    def register(self) -> None:
+        lease = self.etcd.lease_grant(self.lease_ttl_s)
+        self.etcd.put(self.keys.agent(self.host), json.dumps({"pid": os.getpid(), "since": time.time()}), lease=lease)
+        if self.lease:
+            self.notice("agent-registered-again", lease=f"{lease:x}")
+        self.lease = lease
+        self.next_keepalive = time.monotonic() + self.keepalive_period()
+
+    def keepalive(self) -> None:
+        self.next_keepalive = time.monotonic() + self.keepalive_period()
+        if self.etcd.lease_keepalive(self.lease) <= 0:
+            self.notice("agent-lease-expired")
+            self.register()
+
+    def keepalive_period(self) -> float:
+        return max(0.2, self.lease_ttl_s / 3)
+
+    def read(self) -> None:
+        view = read_view(self.etcd, self.keys, self.cohorts)
+        self.revision = view.revision
+        self.next_read = time.monotonic() + self.period_s
+        with self._lock:
+            self._news.view = view
+        self.wake()
+
+    # --- bookkeeping ----------------------------------------------------------------------------------------------
+    def answered(self) -> None:
+        with self._lock:
+            lost = self._news.lost_since
+            self._news.lost_since = None
+        if lost is not None:
+            self.notice("etcd-reachable", after_s=round(time.monotonic() - lost, 3))
+
+    def unanswered(self, err: EtcdError) -> None:
+        with self._lock:
+            first = self._news.lost_since is None
+            if first:
+                self._news.lost_since = time.monotonic()
+        if first:
+            self.notice("etcd-unreachable", error=str(err))
+
+    def notice(self, event: str, **fields: Any) -> None:
+        with self._lock:
+            self._news.notices.append(Notice(event, fields))
+        self.wake()
+
+    def wake(self) -> None:
+        try:
+            os.write(self.wake_fd, b"f")
+        except OSError:
+            pass  # the pipe is full (the loop is awake already), or the loop has ended

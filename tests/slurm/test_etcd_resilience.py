@@ -1,0 +1,150 @@
+"""The agent's etcd side under faults, against a real etcd 3.4 on 127.0.0.1 (fault matrix rows 5 and 7 in small,
+and the deadline of a call over unreachable endpoints): answers cut short, members that never answer, a watch
+whose revision was compacted away. Every failure must come out as EtcdError (which the agent handles), never as
+another exception that would end a thread, and the feed must carry on."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from shadowline.control.coordination import Keys, Slot
+from shadowline.control.etcd_client import Etcd, EtcdError
+from shadowline.control.feed import EtcdFeed
+
+from ..loopback import start_etcd, wait_until
+
+
+@pytest.fixture(scope="module")
+def etcd_server(tmp_path_factory):
+    server = start_etcd(tmp_path_factory.mktemp("etcd"))
+    yield server
+    server.stop()
+
+
+class CuttingProxy:
+    """A TCP proxy to etcd that cuts every ``every``-th answer in half and closes the connection."""
+
+    def __init__(self, target: tuple[str, int], every: int) -> None:
+        self.target = target
+        self.every = every
+        self.count = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                client, _unused = self.listener.accept()
+            except OSError:
+                return
+            self.count += 1
+            threading.Thread(target=self.relay, args=(client, self.count % self.every == 0), daemon=True).start()
+
+    def relay(self, client: socket.socket, cut: bool) -> None:
+        with client, socket.create_connection(self.target, timeout=5) as upstream:
+            client.settimeout(5)
+            request = client.recv(65536)
+            upstream.sendall(request)
+            answer = b""
+            try:
+                while True:  # urllib asks for Connection: close: the answer ends when etcd closes
+                    chunk = upstream.recv(65536)
+                    if not chunk:
+                        break
+                    answer += chunk
+            except OSError:
+                pass
+            client.sendall(answer[: len(answer) // 2] if cut else answer)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def target_of(url: str) -> tuple[str, int]:
+    host, port = url.rsplit("//", 1)[1].rsplit(":", 1)
+    return host, int(port)
+
+
+def test_answers_cut_short_are_etcd_errors_and_another_endpoint_answers(etcd_server):
+    """Row 7: a proxy that cuts one answer in ten. Alone, a cut answer is an EtcdError; with the real member
+    beside it, every call succeeds."""
+    proxy = CuttingProxy(target_of(etcd_server.url), every=10)
+    try:
+        alone = Etcd(proxy.url, timeout=2.0, deadline=2.0)
+        errors = 0
+        for i in range(40):
+            try:
+                alone.put(f"cut/{i}", "x")
+                alone.get_prefix("cut/")
+            except EtcdError:
+                errors += 1  # anything else escapes and fails the test
+        assert errors >= 4
+        both = Etcd([proxy.url, etcd_server.url], timeout=2.0, deadline=3.0)
+        for i in range(40):
+            both.put(f"cut/{i}", "y")
+            assert both.get(f"cut/{i}").value == b"y"
+            both._preferred = 0  # keep asking the cutting proxy first
+    finally:
+        proxy.close()
+        Etcd(etcd_server.url).delete_prefix("cut/")
+
+
+def test_one_call_over_members_that_never_answer_ends_at_its_deadline():
+    """Three members that accept connections and never answer: one call costs its deadline, not 3 timeouts."""
+    silent = [socket.create_server(("127.0.0.1", 0)) for _unused in range(3)]
+    try:
+        etcd = Etcd([f"http://127.0.0.1:{s.getsockname()[1]}" for s in silent], timeout=1.0, deadline=1.5)
+        start = time.monotonic()
+        with pytest.raises(EtcdError) as err:
+            etcd.get("x")
+        took = time.monotonic() - start
+        assert took < 2.0, f"one call blocked {took:.2f} s"
+        assert "deadline" in str(err.value)
+    finally:
+        for s in silent:
+            s.close()
+
+
+def test_the_feed_resyncs_after_its_watch_revision_was_compacted(etcd_server):
+    """Row 5 in small: the feed's watch revision is compacted away; it reads the view again and watches on."""
+    etcd = Etcd(etcd_server.url)
+    keys = Keys("resync")
+    for generation in range(1, 6):
+        etcd.put(keys.slot(0), Slot(cohort=0, generation=generation, state="running").to_json())
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    feed = EtcdFeed(Etcd(etcd_server.url), keys, "node0", frozenset({0}), 5, 60.0, wake_w)  # no periodic read
+    try:
+        feed.read()
+        first = feed.take().view
+        assert first.slot(0).generation == 5
+        with pytest.raises(EtcdError) as err:  # etcd cancels a watch from a compacted revision...
+            etcd.compact(first.revision)
+            etcd.watch(keys.root, first.revision - 3, timeout=2)
+        assert err.value.compacted == first.revision
+        etcd.defragment()
+        feed.revision = first.revision - 3  # ...so a feed that fell behind that far...
+        etcd.put(keys.slot(0), Slot(cohort=0, generation=6, state="running").to_json())
+        feed.start()
+        notices: list[str] = []
+
+        def resynced() -> bool:  # ...reads the view again and watches on from there
+            news = feed.take()
+            notices.extend(n.event for n in news.notices)
+            return news.view is not None and news.view.slot(0).generation == 6 and "watch-resync" in notices
+
+        wait_until(resynced, 10, what="a resync after the compaction")
+        etcd.put(keys.slot(0), Slot(cohort=0, generation=7, state="failed").to_json())
+        news = wait_until(lambda: [s for s in feed.take().slots if s.generation == 7], 10, what="the next change")
+        assert news[0].state == "failed"  # the watch goes on after the resync
+    finally:
+        feed.stop.set()
+        os.close(wake_r)
+        os.close(wake_w)
+        etcd.delete_prefix(keys.root)
