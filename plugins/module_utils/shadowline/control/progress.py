@@ -58,7 +58,7 @@ def parse_sample(text: str, model_name: str | None = None) -> ProgressSample | N
     engine, an engine still starting, or log stats disabled). ``model_name`` keeps only series with that
     ``model_name`` label (None: every series). Series of several engine cores (label ``engine``) are summed."""
     tokens = running = None
-    for name, labels, value in _samples(text):
+    for name, labels, value in samples(text):
         if model_name is not None and labels.get("model_name", model_name) != model_name:
             continue
         if not math.isfinite(value):
@@ -105,7 +105,8 @@ def describe(verdict: Verdict, stall_s: float) -> str:
 
 # -- parsing ---------------------------------------------------------------------------------------------------- #
 
-def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """(sample name, labels, value) of every sample line of a Prometheus text exposition."""
     if text_string_to_metric_families is not None:
         try:
             return [(s.name, dict(s.labels), float(s.value))
@@ -119,7 +120,7 @@ _LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 
 
-def _fallback_samples(text: str):  # noqa: ANN202 (a generator of _samples' tuples)
+def _fallback_samples(text: str):  # noqa: ANN202 (a generator of samples' tuples)
     """Sample lines of the text exposition format (comments and malformed lines skipped)."""
     for raw in text.splitlines():
         line = raw.strip()
