@@ -13,10 +13,22 @@ class Backend:
     gms_module: str  # `python -m <gms_module>` runs the node's GPU Memory Service server
     runtime_modules: tuple[str, ...]  # what the runtime's interpreter must import (preflight asks it)
     uses_gpus: bool = True  # its ranks take GPUs (a Slurm job asks for them; the stand-in runs on CPUs)
+    # Where the leader's system server serves vLLM's progress metrics (vllm:num_requests_running,
+    # vllm:generation_tokens_total; control/progress.py judges them), or None: the engine has no such signal.
+    progress_metrics_path: str | None = None
 
     def node_env(self, deployment: str, host: str, gpus_per_node: int) -> dict[str, str]:
         """Environment the GMS server and every rank on a node get on top of the plan's own."""
         return {}
+
+    def watchdog_env(self, collective_timeout_s: int) -> dict[str, str]:
+        """Environment every rank gets so that a rank stuck in a collective ends its process (gms_failover.
+        collective_timeout_s), where the engine has such a watchdog ({}: it has none)."""
+        return {}
+
+    def watchdog_args(self, collective_timeout_s: int) -> tuple[str, ...]:
+        """Engine flags that set the collectives' timeout (the process group's), where the engine takes one."""
+        return ()
 
     def progress_file(self, lock_dir: str, engine_id: int | str, node_rank: int) -> str | None:
         """A file a rank rewrites at every collective step, when the backend has one (None: the engine exposes

@@ -63,6 +63,15 @@ DEFAULT_FAILOVER: dict[str, Any] = {
     # a shadow that took the lock but is not active this long after is failed and the next one takes over:
     # above the 3.8-16 s promotions measured on 8x B200 and GMS's fixed 30 s admission deadline
     "wake_timeout_s": 60.0,
+    # Real-engine signals (docs/detection.md): requests running and vLLM's generated-token counter still this long
+    # is a stalled generation; it must exceed the longest prefill the deployment serves (vLLM counts no token
+    # while it prefills a prompt).
+    "progress_stall_s": 60.0,
+    "canary_interval_s": 5.0,  # an idle serving cohort gets a one-token completion this often (finds idle hangs)
+    # The process-group timeout of the engines' collectives (vLLM's --distributed-timeout-seconds) and the torch
+    # NCCL watchdog's heartbeat timeout: a rank stuck in a collective this long ends its process. torch's own
+    # default; it applies from the first collective, so it must exceed the skew of weight loading between ranks.
+    "collective_timeout_s": 600,
 }
 DEFAULT_MONITORING: dict[str, Any] = {
     "mode": "server",  # server: Prometheus on `host`; targets: only the file_sd targets there; none: nothing
@@ -86,6 +95,7 @@ MANAGED_FLAGS = {
     "--node-rank": "gms_node_rank", "--master-addr": "gms_node_address of the leader node",
     "--master-port": "gms_ports.master_base and gms_ports.master_stride", "--headless": "(set on ranks other than 0)",
     "--distributed-executor-backend": "(always mp for several nodes)",
+    "--distributed-timeout-seconds": "gms_failover.collective_timeout_s",
 }
 
 # Every variable of the contract, so a misspelt one is reported instead of silently ignored.
@@ -157,7 +167,11 @@ class Failover:
     relaunch_backoff_max_s: float
     max_relaunch_attempts: int
     stable_after_s: float
-    wake_timeout_s: float
+    # Added after plans were first written: defaults keep an older plan.json readable.
+    wake_timeout_s: float = DEFAULT_FAILOVER["wake_timeout_s"]
+    progress_stall_s: float = DEFAULT_FAILOVER["progress_stall_s"]
+    canary_interval_s: float = DEFAULT_FAILOVER["canary_interval_s"]
+    collective_timeout_s: int = DEFAULT_FAILOVER["collective_timeout_s"]
 
 
 @dataclass(frozen=True)
@@ -508,7 +522,7 @@ FAILOVER_SECONDS: dict[str, tuple[bool, float]] = {
     "health_timeout_s": (False, 600.0), "heartbeat_stall_s": (False, 3600.0), "term_grace_s": (True, 600.0),
     "planned_grace_s": (True, 3600.0), "relaunch_backoff_s": (False, 3600.0),
     "relaunch_backoff_max_s": (False, 86400.0), "stable_after_s": (False, 86400.0),
-    "wake_timeout_s": (False, 3600.0),
+    "wake_timeout_s": (False, 3600.0), "progress_stall_s": (False, 3600.0), "canary_interval_s": (False, 3600.0),
 }
 
 

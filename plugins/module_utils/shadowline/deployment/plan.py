@@ -379,6 +379,7 @@ def _rank_plan(contract: Contract, infra: InfraPlan, cohort: int, ports: CohortP
         argv += ["--distributed-executor-backend", "mp", "--nnodes", str(engine.nnodes),
                  "--node-rank", str(node.rank), "--master-addr", contract.leader.address,
                  "--master-port", str(ports.master)]
+    argv += backend(engine.backend).watchdog_args(contract.failover.collective_timeout_s)
     if headless:
         argv.append("--headless")
     argv += list(engine.extra_args)
@@ -402,6 +403,7 @@ def _rank_plan(contract: Contract, infra: InfraPlan, cohort: int, ports: CohortP
         "SHADOWLINE_NODE_RANK": str(node.rank),
     }
     env.update(_backend_env(contract, node))
+    env.update(backend(engine.backend).watchdog_env(contract.failover.collective_timeout_s))
     return RankPlan(host=node.host, address=node.address, node_rank=node.rank, leader=not headless,
                     headless=headless, process=Process(host=node.host, argv=tuple(argv), env=env))
 

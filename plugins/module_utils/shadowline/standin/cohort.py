@@ -14,6 +14,12 @@ dies or stalls, the others behave like NCCL: they stop progressing and wait, wit
 exiting (``SHADOWLINE_STANDIN_ON_PEER_DEATH=hang``, the default). With ``=exit`` a rank that sees
 its peer's connection close exits non-zero (and, if ``SHADOWLINE_STANDIN_COLLECTIVE_TIMEOUT`` is
 set, so does one whose collective stalled that long).
+
+torch's NCCL watchdog is emulated from the same settings real ranks get (``--distributed-timeout-seconds``,
+``TORCH_NCCL_ASYNC_ERROR_HANDLING``, ``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC``; settings.nccl_watchdog): a rank whose
+collective has waited longer than the timeout (on a stopped or dead peer, or stuck itself by the hang-collective
+fault) logs ``Watchdog caught collective operation timeout`` and exits 4 dump waits later. A SIGSTOPped rank does
+not (its watchdog is stopped too); the others do.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import time
 from typing import Any, Callable
 
 from ..control.failover_metrics import render_family
+from .settings import NcclWatchdog
 
 log = logging.getLogger("shadowline.standin.cohort")
 
@@ -177,6 +184,7 @@ class Collective:
         on_resume: Callable[[], None] = lambda: None,
         on_fatal: Callable[[str], None] = lambda why: None,
         on_shutdown: Callable[[], None] = lambda: None,
+        watchdog: NcclWatchdog | None = None,
     ) -> None:
         self.engine_id, self.rank = engine_id, rank
         self.heartbeat_file = heartbeat_file
@@ -187,6 +195,8 @@ class Collective:
         self.leader = leader
         self.on_stall, self.on_resume, self.on_fatal = on_stall, on_resume, on_fatal
         self.on_shutdown = on_shutdown
+        self.watchdog = watchdog  # torch's NCCL watchdog, emulated (None: a collective may wait forever)
+        self._watchdog_fired = False
         self.stall_after = max(1.0, 4 * interval)
         self.steps = 0
         self.last_step_at: float | None = None
@@ -253,6 +263,36 @@ class Collective:
     def _hang_forever(self) -> None:
         threading.Event().wait()
 
+    def _stuck_in_collective(self, why: str) -> None:
+        """A rank that will never finish its collective: it waits as NCCL does, until the emulated watchdog's
+        timeout ends the process (as torch's does), or forever without one."""
+        if self.watchdog is not None and self.watchdog.teardown:
+            if not self.stop_waiting(self.watchdog.timeout_s):
+                self._watchdog_timeout(self.watchdog.timeout_s, why)
+        self._hang_forever()
+
+    def stop_waiting(self, seconds: float) -> bool:
+        """Sleep ``seconds``; True if the rank is closing meanwhile (a clean shutdown needs no watchdog)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.closing:
+                return True
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        return self.closing
+
+    def _watchdog_timeout(self, waited: float, who: str) -> None:
+        """torch's watchdog after a collective outlived the process group's timeout: it logs, sleeps 4 dump waits
+        for the flight recorder, then tears the process down."""
+        if self._watchdog_fired or self.watchdog is None:
+            return
+        self._watchdog_fired = True
+        log.error("[PG ID 0 PG GUID 0 Rank %d] Watchdog caught collective operation timeout: the heartbeat "
+                  "collective waited %.1f s on %s (timeout %.0f s); ending the process in %.1f s "
+                  "(TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC x 4)", self.rank, waited, who, self.watchdog.timeout_s,
+                  4 * self.watchdog.dump_wait_s)
+        time.sleep(4 * self.watchdog.dump_wait_s)
+        self.on_fatal(f"NCCL watchdog: collective timed out after {waited:.1f} s waiting on {who}")
+
     def _stall(self, why: str) -> None:
         if not self.stalled:
             self.stalled = True
@@ -267,20 +307,22 @@ class Collective:
             log.error("collective: %s; SHADOWLINE_STANDIN_ON_PEER_DEATH=exit", why)
             self.on_fatal(why)
         self._stall(f"{why}; hanging as NCCL would (SHADOWLINE_STANDIN_ON_PEER_DEATH=hang)")
-        self._hang_forever()
+        self._stuck_in_collective(why)
 
     def _check_timeout(self, waited: float, who: str) -> None:
         if self.mode == "exit" and self.timeout > 0 and waited >= self.timeout:
             why = f"{who} has not answered for {waited:.1f} s (SHADOWLINE_STANDIN_COLLECTIVE_TIMEOUT)"
             log.error("collective: %s", why)
             self.on_fatal(why)
+        if self.watchdog is not None and self.watchdog.teardown and waited >= self.watchdog.timeout_s:
+            self._watchdog_timeout(waited, who)
 
     def _run_leader(self) -> None:
         step = 0
         while True:
             if self.halted.is_set():
                 self._stall("this rank stopped its collective (hang-collective fault)")
-                self._hang_forever()
+                self._stuck_in_collective("this rank's own stuck collective (hang-collective fault)")
             step += 1
             for r, p in self.peers.items():
                 try:
@@ -330,7 +372,7 @@ class Collective:
                 return
             if self.halted.is_set():
                 self._stall("this rank stopped its collective (hang-collective fault)")
-                self._hang_forever()
+                self._stuck_in_collective("this rank's own stuck collective (hang-collective fault)")
             self._advance(int(msg["n"]))
             try:
                 self.leader.send({"op": "step", "n": msg["n"]})

@@ -36,6 +36,7 @@ from typing import Any
 from ..control import lock as failover_lock
 from ..control.failover_metrics import FailoverMetrics
 from . import cohort, faults, gms_client, logs, settings, system_server, weights
+from .progress_metrics import ProgressMetrics
 from .worker import Worker, http_get
 
 log = logging.getLogger("shadowline.standin.engine")
@@ -64,6 +65,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--master-addr", default="127.0.0.1")
     p.add_argument("--master-port", type=int, default=29501)
     p.add_argument("--headless", action="store_true")
+    p.add_argument("--distributed-timeout-seconds", type=int, default=None,
+                   help="vLLM's process-group timeout; the emulated NCCL watchdog ends a stuck rank after it")
     return p.parse_known_args(argv)
 
 
@@ -84,6 +87,7 @@ class Config:
     engine_id: str
     host: str
     system_port: int | None
+    pg_timeout_s: int | None = None  # --distributed-timeout-seconds (None: torch's NCCL default, 600 s)
     gpus: list[tuple[str, int]] = field(default_factory=list)  # (GPU UUID, TP rank) on this node
 
 
@@ -145,6 +149,7 @@ def configure(args: argparse.Namespace) -> Config:
         engine_id=engine_id,
         host=settings.system_host(),
         system_port=int(port_raw) if port_raw else None,
+        pg_timeout_s=args.distributed_timeout_seconds,
         gpus=[(u, args.node_rank * local + i) for i, u in enumerate(uuids)],
     )
 
@@ -289,6 +294,7 @@ class Rank:
             on_resume=lambda: self.worker.thaw() if self.worker else None,
             on_fatal=self.die,
             on_shutdown=self.stopping.set,
+            watchdog=settings.nccl_watchdog(self.cfg.pg_timeout_s),
         )
         self.collective.start()
 
@@ -339,6 +345,7 @@ class Leader(Rank):
         self.serving = False
         self.started = time.time()
         self.labels = {"engine_id": cfg.engine_id, "model": cfg.name, "dynamo_component": cfg.component}
+        self.progress = ProgressMetrics(cfg.name)  # vLLM's progress metrics, from the worker's (progress_metrics.py)
 
     # system server callbacks
     def health(self) -> tuple[int, dict]:
@@ -354,14 +361,21 @@ class Leader(Rank):
         text = self.metrics.render() if self.metrics else ""
         if self.collective is not None:
             text += self.collective.render_metrics(self.labels)
-        if self.serving and not self.worker.frozen and self.worker.proc.poll() is None:
-            try:
-                status, _unused, body = http_get(self.worker.base_url + "/metrics", 0.5)
-                if status == 200:
-                    text += body.decode(errors="replace")
-            except OSError:
-                pass
-        return text
+        worker_text = self.worker_metrics()
+        if worker_text is not None:
+            self.progress.observe_worker(worker_text)
+        text += self.progress.render()
+        return text + (worker_text or "")
+
+    def worker_metrics(self) -> str | None:
+        """The worker's own /metrics while it serves and is not frozen (None otherwise)."""
+        if not self.serving or self.worker is None or self.worker.frozen or self.worker.proc.poll() is not None:
+            return None
+        try:
+            status, _unused, body = http_get(self.worker.base_url + "/metrics", 0.5)
+        except OSError:
+            return None
+        return body.decode(errors="replace") if status == 200 else None
 
     def proxy(self, path: str) -> tuple[int, dict[str, str], bytes] | None:
         if not self.serving or self.worker.frozen or self.worker.proc.poll() is not None:
@@ -438,6 +452,9 @@ class Leader(Rank):
             if code is not None:
                 log.error("worker exited with %s: the engine dies with it", code)
                 return self.shutdown(1)
+            worker_text = self.worker_metrics()  # vLLM updates its progress metrics at every step; so do we
+            if worker_text is not None:
+                self.progress.observe_worker(worker_text)
         return self.shutdown(0)
 
     def shutdown(self, code: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 
 from ..backends import standin as backends_standin
 from ..deployment.values import as_bool
@@ -99,6 +100,27 @@ def heartbeat_interval() -> float:
 def collective_timeout() -> float:
     """With ON_PEER_DEATH=exit, a collective stalled this long also exits (0: only on peer death)."""
     return env_float("SHADOWLINE_STANDIN_COLLECTIVE_TIMEOUT", 0.0)
+
+
+@dataclass(frozen=True)
+class NcclWatchdog:
+    """torch's NCCL watchdog as the stand-in emulates it, from the same environment and flag real ranks get
+    (backends/dynamo_vllm.py): a collective stuck longer than ``timeout_s`` ends the process ``dump_wait_s`` x 4
+    later, when the error handling mode tears down (1 or 3; torch's default is 3)."""
+    timeout_s: float  # the process group's timeout (--distributed-timeout-seconds; torch's NCCL default 600 s)
+    teardown: bool  # TORCH_NCCL_ASYNC_ERROR_HANDLING 1 (TearDown) or 3 (SkipCleanUp): the process is ended
+    dump_wait_s: float  # TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC / 1000 (default 15 s); the watchdog sleeps 4 of them
+
+    @property
+    def exit_after_s(self) -> float:
+        return self.timeout_s + 4 * self.dump_wait_s
+
+
+def nccl_watchdog(process_group_timeout_s: float | None) -> NcclWatchdog:
+    """The emulated watchdog of a rank started with ``--distributed-timeout-seconds`` (None: torch's default)."""
+    mode = env_float("TORCH_NCCL_ASYNC_ERROR_HANDLING", 3.0)
+    return NcclWatchdog(timeout_s=float(process_group_timeout_s or 600.0), teardown=int(mode) in (1, 3),
+                        dump_wait_s=env_float("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", 15000.0) / 1000.0)
 
 
 def load_delay() -> float:

@@ -1,0 +1,142 @@
+"""Generation progress of a serving engine, judged from its Prometheus text (``/metrics`` on the leader's Dynamo
+system port, where dynamo.vllm re-exports vLLM's registry): pure functions, no I/O, monotonic times only.
+
+vLLM (0.31.0, ``vllm/v1/metrics/loggers.py``) exports ``vllm:num_requests_running`` (a gauge: requests in the model
+execution batch) and ``vllm:generation_tokens`` (a counter; the text format names it ``vllm:generation_tokens_total``),
+both labelled ``model_name`` and ``engine`` (the engine-core index). Both are updated from the outputs of each engine
+step, so when a step never ends (a rank stuck in a collective) the gauge keeps its last value and the counter stands
+still: requests running with a counter that does not move is a stall, whatever ``/health`` says. An idle engine
+(running 0) shows nothing; only a request (a canary) can find an idle hang, and that is the caller's to send.
+
+A long prefill also leaves the counter still while running is 1 (vLLM counts a generated token only when one is
+sampled, after the whole prompt is prefilled), so ``stall_s`` must exceed the longest prefill the deployment allows
+(docs/detection.md). This module parses with ``prometheus_client``'s parser when it is importable and with a small
+parser of its own otherwise (Ansible's sanity import test imports module_utils without third-party packages).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+try:
+    from prometheus_client.parser import text_string_to_metric_families
+except ImportError:  # Ansible's sanity import test; the agent's runtime has prometheus_client
+    text_string_to_metric_families = None  # pylint: disable=invalid-name
+
+RUNNING = "vllm:num_requests_running"  # gauge
+GENERATION_TOKENS = "vllm:generation_tokens"  # counter family; its sample is GENERATION_TOKENS + "_total"
+STALLED = "generation-stalled"  # the reason a caller declares a failure for
+
+
+@dataclass(frozen=True)
+class ProgressSample:
+    """One scrape of an engine: generated tokens so far (summed over its series) and requests running now."""
+    tokens: float
+    running: float
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the judge remembers of an engine between scrapes."""
+    tokens: float  # the counter at the last sample
+    changed_at: float  # monotonic time the counter last moved (or the judge first saw it, or requests started)
+    running: bool  # whether requests were running at the last sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    observation: Observation  # keep it for the next sample
+    stalled: bool  # requests running and no token generated for more than stall_s
+    still_s: float  # seconds since the counter last moved while requests ran (0 when idle or moving)
+    reset: bool = False  # the counter went backwards: the engine restarted (a new process, a new registry)
+
+
+def parse_sample(text: str, model_name: str | None = None) -> ProgressSample | None:
+    """The progress sample of a ``/metrics`` text, or None when it has no vLLM progress metrics (not a vLLM
+    engine, an engine still starting, or log stats disabled). ``model_name`` keeps only series with that
+    ``model_name`` label (None: every series). Series of several engine cores (label ``engine``) are summed."""
+    tokens = running = None
+    for name, labels, value in samples(text):
+        if model_name is not None and labels.get("model_name", model_name) != model_name:
+            continue
+        if not math.isfinite(value):
+            continue
+        if name == GENERATION_TOKENS + "_total":
+            tokens = (tokens or 0.0) + value
+        elif name == RUNNING:
+            running = (running or 0.0) + value
+    if tokens is None or running is None:
+        return None
+    return ProgressSample(tokens=tokens, running=running)
+
+
+def judge(previous: Observation | None, sample: ProgressSample, now: float, stall_s: float) -> Verdict:
+    """The new observation and whether generation has stalled, from the previous observation (None: the first
+    sample of this engine) and a sample taken at monotonic ``now``.
+
+    - The counter moved: progress; the clock restarts.
+    - The counter went backwards: the engine restarted; start afresh from this sample (never a stall).
+    - Nothing running: idle, never a stall (only a canary finds an idle hang); the clock restarts so that the
+      requests of the next burst get the whole ``stall_s``.
+    - Requests running and the counter still for more than ``stall_s``: stalled.
+    """
+    if previous is None or sample.tokens < previous.tokens:
+        return Verdict(Observation(sample.tokens, now, sample.running > 0), stalled=False, still_s=0.0,
+                       reset=previous is not None)
+    if sample.tokens > previous.tokens or sample.running <= 0:
+        return Verdict(Observation(sample.tokens, now, sample.running > 0), stalled=False, still_s=0.0)
+    changed_at = previous.changed_at if previous.running else now  # requests just started: their clock starts
+    still = max(0.0, now - changed_at)
+    return Verdict(Observation(sample.tokens, changed_at, True), stalled=still > stall_s, still_s=still)
+
+
+def describe(verdict: Verdict, stall_s: float) -> str:
+    """A sentence for the failure declaration and the drill report."""
+    obs = verdict.observation
+    if verdict.stalled:
+        return (f"requests running and no token generated for {verdict.still_s:.1f} s "
+                f"(vllm:generation_tokens_total stuck at {obs.tokens:g}; progress_stall_s {stall_s:g})")
+    if verdict.reset:
+        return f"the token counter went back to {obs.tokens:g}: the engine restarted"
+    return "generating" if obs.running else "idle"
+
+
+# -- parsing ---------------------------------------------------------------------------------------------------- #
+
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """(sample name, labels, value) of every sample line of a Prometheus text exposition."""
+    if text_string_to_metric_families is not None:
+        try:
+            return [(s.name, dict(s.labels), float(s.value))
+                    for family in text_string_to_metric_families(text) for s in family.samples]
+        except (ValueError, TypeError, KeyError):
+            pass  # a text the strict parser refuses (one broken line): read what can be read
+    return list(_fallback_samples(text))
+
+
+_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*$")
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+
+def _fallback_samples(text: str):  # noqa: ANN202 (a generator of samples' tuples)
+    """Sample lines of the text exposition format (comments and malformed lines skipped)."""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _LINE.match(line)
+        if not match:
+            continue
+        name, label_text, value_text = match.groups()
+        try:
+            value = float(value_text)
+        except ValueError:
+            continue
+        labels = {k: _unescape(v) for k, v in _LABEL.findall(label_text or "")}
+        yield name, labels, value
+
+
+def _unescape(value: str) -> str:
+    return value.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
