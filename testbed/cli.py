@@ -17,7 +17,7 @@ from .helpers import mib
 from .hostexec import current_state
 from .journal import State, load_journal
 from .leaks import leaks
-from .lifecycle import down, up
+from .lifecycle import down, reboot, up
 from .names import INVENTORY, MAX_NODES
 from .packages import install_packages
 
@@ -73,6 +73,11 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return 127  # not reached
 
 
+def cmd_reboot(args: argparse.Namespace) -> int:
+    print(f"{args.host} rebooted in {reboot(args.host)} s")
+    return 0
+
+
 def cmd_leaks(_args: argparse.Namespace) -> int:
     found = leaks()
     for item in found:
@@ -105,6 +110,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p_exec.set_defaults(func=cmd_exec)
     sub.add_parser("leaks", help="list what the testbed left on the machine; exit 1 if anything").set_defaults(
         func=cmd_leaks)
+    p_reboot = sub.add_parser("reboot", help="power-cycle one host (every process killed at once, booted again)")
+    p_reboot.add_argument("host")
+    p_reboot.set_defaults(func=cmd_reboot)
     return parser.parse_args(argv)
 
 

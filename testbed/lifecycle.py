@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
 
-from .boot import boot, system_state
+from .boot import boot, find_pid1, launch_host, launchers, system_state, wait_systemd
 from .errors import TestbedError
-from .helpers import require_root
+from .helpers import pid_alive, require_root, wait_until
 from .inventory import write_outputs
 from .journal import State, load_journal, locked, plan, save_journal
-from .names import MAX_NODES, REPO_ROOT, STATE_ROOT
+from .names import BOOT_TIMEOUT, MAX_NODES, REPO_ROOT, STATE_ROOT
 from .network import record_run_netns
 from .packages import check_packages
 from .slurm import slurm_node_states
-from .ssh import ensure_key, ssh_banner
+from .ssh import ensure_key, ssh_banner, wait_sshd
 from .teardown import down_locked
 
 HOST_PRIVATE_DIRS = ("/tmp", "/run")  # every host mounts a tmpfs of its own over these: the machine's files there are hidden
@@ -92,3 +94,35 @@ def down() -> float:
     require_root()
     with locked():
         return down_locked()
+
+
+def reboot(name: str) -> float:
+    """Power-cycle one host: its systemd is SIGKILLed, so the kernel kills its whole PID namespace at once (no unit
+    stops, as in a power loss), then the host boots again from its disk (its overlay's upper directory survives;
+    /run and /tmp are new). Its network namespace and address stay. Returns the seconds until sshd answers."""
+    require_root()
+    with locked():
+        state = load_journal()
+        if state is None:
+            raise TestbedError("no testbed is up")
+        host = next((h for h in state.hosts if h.name == name), None)
+        if host is None:
+            raise TestbedError(f"no host {name} (hosts: {', '.join(h.name for h in state.hosts)})")
+        started = time.monotonic()
+        if host.pid and pid_alive(host.pid):
+            os.kill(host.pid, signal.SIGKILL)
+        wait_until(f"{name}'s processes to exit", 10, lambda: not (host.pid and pid_alive(host.pid)) and not (
+            host.launcher_pid and pid_alive(host.launcher_pid) and _not_reaped(name)), 0.01)
+        launch_host(host)
+        save_journal(state)
+        host.pid = wait_until(f"systemd of {name} to start", 10, lambda: find_pid1(host), 0.005)
+        save_journal(state)
+        wait_systemd([host], BOOT_TIMEOUT)
+        wait_sshd([host], BOOT_TIMEOUT)
+        return round(time.monotonic() - started, 2)
+
+
+def _not_reaped(name: str) -> bool:
+    """The host's launcher (unshare) has not exited yet (reaped here when this process started it)."""
+    launcher = launchers.get(name)
+    return launcher is None or launcher.poll() is None

@@ -105,6 +105,7 @@ from .lifecycle import (
     check_running,
     down,
     problems,
+    reboot,
     up,
 )
 from .mounts import (
@@ -205,7 +206,7 @@ __all__ = [  # the package's names, re-exported: the API tests and scripts use
     "install_packages", "inventory_text", "is_mountpoint", "kill_everything", "launch_host", "launchers", "leaks",
     "link_exists", "load_journal", "locked", "main", "make_bridge", "make_host_cgroups", "make_host_network",
     "masked_units", "memory_usage", "mib", "mirror_dirs", "missing_packages", "mountpoints", "netns_pids",
-    "parse_args", "pid_alive", "plan", "prepare_host_dir", "print_table", "problems",
+    "parse_args", "pid_alive", "plan", "prepare_host_dir", "print_table", "problems", "reboot",
     "processes_connected_to_testbed", "record_run_netns", "remove_cgroups", "remove_outputs", "require_root",
     "restore_run_netns", "run", "save_journal", "seed_file", "seed_slurm", "seed_symlink", "seed_upper",
     "slurm_conf", "slurm_node_states", "ssh_banner", "status_rows", "system_state", "testbed_cgroup_dirs",

@@ -20,6 +20,7 @@ from shadowline.control.actions import (
     RevokeRegistration,
     SetHolder,
     SwapSlot,
+    TakeBridge,
 )
 from shadowline.control.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
 from shadowline.control.driver_duties import (
@@ -27,6 +28,7 @@ from shadowline.control.driver_duties import (
     PromotionSeen,
     first_view,
     lock_changed,
+    lock_identity,
     relaunch_due,
     repair_invalid,
     republish_weights,
@@ -37,6 +39,7 @@ from shadowline.control.driver_duties import (
     watch_agents,
 )
 from shadowline.control.frontend import Request
+from shadowline.control.lock_identity import FileId, LockSeen
 from shadowline.control.memory import DriverMemory, NodeMemory, Promotion
 from shadowline.control.observe import HealthAnswer
 from shadowline.control.policy import RelaunchPolicy
@@ -306,3 +309,31 @@ def test_broken_slot_records_are_repaired_never_acted_on():
     assert (running.slot.cohort, running.slot.generation, running.slot.state, running.revision) == (0, 5, RUNNING, 21)
     assert (relaunch.slot.cohort, relaunch.slot.generation, relaunch.slot.state, relaunch.revision) == (
         1, 4, LAUNCHING, 22)
+
+
+# --- the lock file deleted while held (fault matrix row 11) -------------------------------------------------------
+OLD, NEW = FileId(45, 100), FileId(45, 200)
+
+
+def test_lock_file_replaced_while_held_bridges_and_moves_the_shadows():
+    """The serving engine (cohort 0) holds the old file; the path now names a new one. The driver takes the new
+    file itself (in engine 0's name), and the parked shadow still waiting on the old file is failed (relaunched
+    onto the new file, behind the bridge)."""
+    seen = LockSeen(path=NEW, holders={0: OLD}, waiting={1: OLD})
+    actions = lock_identity(seen, view(slot(0, 1), slot(1, 2)), DriverMemory(serving=0), {0: 0, 1: 1}, NOW)
+    assert kinds(actions) == ["NoteLockReplaced", "Record:lock-replaced", "Record:lock-replaced", "Declare",
+                              "TakeBridge"]
+    assert Declare(1, 2, "lock-replaced") in actions and TakeBridge(0) in actions
+    # an engine that won the new file anyway: a second holder, failed; no bridge while it holds the file
+    split = LockSeen(path=NEW, holders={0: OLD, 1: NEW}, waiting={})
+    actions = lock_identity(split, view(slot(0, 1), slot(1, 2)), DriverMemory(serving=0, lock_replaced_at=T0),
+                            {0: 0, 1: 1}, NOW)
+    assert kinds(actions) == ["Record:lock-split", "Declare"] and actions[1] == Declare(1, 2, "lock-split")
+
+
+def test_the_bridge_goes_when_the_serving_engine_lets_its_lock_go():
+    moved = LockSeen(path=NEW, holders={}, waiting={1: NEW})
+    assert kinds(lock_identity(moved, view(slot(1, 3)), DriverMemory(serving=0, bridge=object()), {0: 0, 1: 1},
+                               NOW)) == ["ReleaseBridge", "Record:lock-bridge-released"]
+    whole = LockSeen(path=OLD, holders={0: OLD}, waiting={1: OLD})
+    assert lock_identity(whole, view(slot(0, 1), slot(1, 1)), DriverMemory(serving=0), {0: 0, 1: 1}, NOW) == []

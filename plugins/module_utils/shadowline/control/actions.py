@@ -188,6 +188,29 @@ class BeginPromotion:
 
 
 @dataclass(frozen=True)
+class TakeBridge:
+    """The driver takes the lock path's (new) file itself, in the name of the serving engine, so that no engine
+    that opens the path wins it while the serving one still holds the file that was deleted (lock_identity)."""
+    engine_id: int
+
+
+@dataclass(frozen=True)
+class ReleaseBridge:
+    """The serving engine let its (old) lock go: let a shadow waiting on the path's file win it."""
+
+
+@dataclass(frozen=True)
+class NoteLockReplaced:
+    when: float
+
+
+@dataclass(frozen=True)
+class ExtendPromotion:
+    """Push the promotion's deadlines back (etcd was away: the outage does not count)."""
+    seconds: float
+
+
+@dataclass(frozen=True)
 class PromotionActive:
     at: float
 
@@ -247,5 +270,6 @@ class ClearGmsLost:
 
 Action = Union[Record, WakeAt, Declare, TearDown, FinishTeardown, KillRest, Confirm, Launch, Launched, LaunchFailed,
                AbandonStart, NoteDetected, MarkHealthy, NoteProgress, SetGeneration, ReportInvalid, ReportGmsLost, SwapSlot, RevokeRegistration,
-               ObserveTeardown, NoteLaunched, SetHolder, SetServing, CreateSlot, BeginPromotion, PromotionActive, PromotionRegistered,
+               ObserveTeardown, NoteLaunched, SetHolder, SetServing, CreateSlot, BeginPromotion, ExtendPromotion, TakeBridge, ReleaseBridge,
+               NoteLockReplaced, PromotionActive, PromotionRegistered,
                ProbePromotion, EndPromotion, RecordActive, AgentsSeen, AgentLost, AgentBack, ProbeServing, ClearGmsLost]

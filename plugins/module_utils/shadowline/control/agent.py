@@ -128,10 +128,10 @@ class Agent:
             self.schedule.next_check = now.mono + (TICK_S if promoting else CHECK_S)  # verify it closely
             self.track_gms()
             self.node.check_health()
-        if self.driver is not None:
+        if self.driver is not None and self.view is not None:  # the driver acts once it has seen the slots
             self.driver.watch_lock(self.driver.holder(), self.view, now)
             etcd_answers = self.memory.etcd_lost_since is None
-            if self.view is not None and etcd_answers and (check or news.view is not None):
+            if etcd_answers and (check or news.view is not None):
                 self.driver.drive(self.view, Now.read())
         self.execute.flush()  # confirmations last: after this tick's kills and declarations
 
@@ -140,6 +140,9 @@ class Agent:
         news = self.feed.take()
         for notice in news.notices:
             self.events.write(notice.event, **notice.fields)
+        lost = self.memory.etcd_lost_since
+        if lost is not None and news.lost_since is None and self.driver is not None:
+            self.driver.etcd_back(time.monotonic() - lost)  # a shadow cannot register while etcd is away
         self.memory.etcd_lost_since = news.lost_since
         if news.view is not None:
             self.view = news.view

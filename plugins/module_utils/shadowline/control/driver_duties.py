@@ -27,7 +27,9 @@ from .actions import (
     CreateSlot,
     Declare,
     EndPromotion,
+    ExtendPromotion,
     NoteLaunched,
+    NoteLockReplaced,
     ObserveTeardown,
     ProbePromotion,
     ProbeServing,
@@ -35,15 +37,18 @@ from .actions import (
     PromotionRegistered,
     Record,
     RecordActive,
+    ReleaseBridge,
     RevokeRegistration,
     SetHolder,
     SetServing,
     SwapSlot,
+    TakeBridge,
 )
 from .cohort_state import leader_view, lock_holder
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
 from .etcd_client import EtcdError
 from .lock import parse_holder
+from .lock_identity import LockSeen, lock_seen
 from .memory import DriverMemory, NodeMemory, Promotion
 from .observe import HealthAnswer
 from .policy import RelaunchPolicy
@@ -160,6 +165,36 @@ def promoted(p: Promotion, active_at: float | None, node: NodeMemory) -> list[Ac
                 "active_s": rounded(active_at - p.lock_at) if active_at else None,
                 "registered_s": rounded(p.registered_at - p.lock_at) if p.registered_at else None,
                 "completion_s": rounded(end - p.lock_at) if end is not None else None})]
+
+
+def lock_identity(seen: LockSeen, view: DeploymentView, driver: DriverMemory, engine_ids: dict[int, int],
+                  now: Now) -> list[Action]:
+    """A flock belongs to a file, not a path: the lock file deleted (or replaced) while the serving engine holds it
+    leaves the serving engine locking a file no path names, and the next engine to open the path would win a new
+    file's lock at once (two active engines). So: the driver takes the path's file itself in the serving engine's
+    name (the bridge); an engine that holds it anyway is failed (lock-split), and parked shadows still waiting
+    on the old file are failed (lock-replaced) and relaunched onto the path's file, behind the bridge. Once the
+    serving engine lets the old file go (it failed, or was failed over), the bridge is released and one shadow
+    wins the path's file: one holder again."""
+    serving = driver.serving
+    held = seen.holders.get(serving) if serving is not None else None
+    if held is None:
+        return [ReleaseBridge(), Record("lock-bridge-released")] if driver.bridge is not None else []
+    if seen.path == held:
+        return []
+    actions: list[Action] = []
+    if driver.lock_replaced_at is None:
+        actions += [NoteLockReplaced(now.wall), Record("lock-replaced", serving, None, {
+            "detail": "the lock file was deleted or replaced while held; shadows are moved onto the new file"})]
+    others = {c for c in seen.holders if c != serving}
+    for cohort in sorted(others | {c for c, f in seen.waiting.items() if c != serving and f != seen.path}):
+        slot = view.slot(cohort)
+        if slot is not None and slot.state in (RUNNING, LAUNCHING):
+            reason = "lock-split" if cohort in others else "lock-replaced"
+            actions += [Record(reason, cohort, slot.generation), Declare(cohort, slot.generation, reason)]
+    if driver.bridge is None and not others and serving in engine_ids:
+        actions.append(TakeBridge(engine_ids[serving]))
+    return actions
 
 
 # --- failed slots: out of discovery, relaunch ------------------------------------------------------------------
@@ -363,10 +398,18 @@ class DriverDuties:
     def watch_lock(self, holder: str | None, view: DeploymentView | None, now: Now) -> None:
         self.execute(lock_changed(holder, self.plan, view, self.memory, self.node, now))
 
+    def etcd_back(self, outage_s: float) -> None:
+        """etcd answers again after ``outage_s``: a promotion's deadlines do not count the outage (a waking shadow
+        registers in discovery, which is etcd)."""
+        self.execute([ExtendPromotion(outage_s)] if self.memory.promotion is not None else [])
+
     def drive(self, view: DeploymentView, now: Now) -> None:
         self.execute(first_view(view, self.plan.cohort_ids, self.memory, self.node))
         self.execute(repair_invalid(view, self.plan.cohort_ids, self.node, now))
         self.execute(republish_weights(view, self.memory))
+        self.execute(lock_identity(lock_seen(self.plan.lock_path, f"shadowline-{self.plan.deployment}"), view,
+                                   self.memory, {c: self.plan.cohort(c).engine_id for c in self.plan.cohort_ids},
+                                   now))
         self.execute(verify_promotion(view, self.memory, self.node, self.promotion_seen(), now))
         self.execute(watch_agents(view, self.host, self.memory, self.plan.failover, now))
         for entry in view.slots.values():

@@ -24,6 +24,7 @@ from .actions import (
     CreateSlot,
     Declare,
     EndPromotion,
+    ExtendPromotion,
     FinishTeardown,
     KillRest,
     Launch,
@@ -32,6 +33,7 @@ from .actions import (
     MarkHealthy,
     NoteDetected,
     NoteLaunched,
+    NoteLockReplaced,
     NoteProgress,
     ObserveTeardown,
     ProbePromotion,
@@ -40,6 +42,7 @@ from .actions import (
     PromotionRegistered,
     Record,
     RecordActive,
+    ReleaseBridge,
     ReportGmsLost,
     ReportInvalid,
     RevokeRegistration,
@@ -47,6 +50,7 @@ from .actions import (
     SetHolder,
     SetServing,
     SwapSlot,
+    TakeBridge,
     TearDown,
     WakeAt,
 )
@@ -55,6 +59,7 @@ from .coordination import Coordination
 from .discovery import revoke_leases, worker_registrations
 from .etcd_client import Etcd, EtcdError
 from .events import EventLog
+from .lock import try_acquire
 from .memory import DriverMemory, LocalRank, NodeMemory, Start, Teardown
 from .proc import alive, kill_cgroup, systemctl, wait_cgroup_empty
 from .view import Now
@@ -304,6 +309,22 @@ class Executor:
             driver.holder = action.holder
         elif isinstance(action, BeginPromotion):
             driver.promotion = action.promotion
+        elif isinstance(action, TakeBridge):
+            driver.bridge = try_acquire(self.plan.lock_path, action.engine_id)
+            if driver.bridge is not None:
+                self.events.write("lock-bridged", detail=f"the driver holds {self.plan.lock_path} for engine-"
+                                                         f"{action.engine_id} until that engine lets its lock go")
+        elif isinstance(action, ReleaseBridge):
+            if driver.bridge is not None:
+                driver.bridge.release()
+            driver.bridge = None
+            driver.lock_replaced_at = None
+        elif isinstance(action, NoteLockReplaced):
+            driver.lock_replaced_at = action.when
+        elif isinstance(action, ExtendPromotion):
+            if driver.promotion is not None:
+                driver.promotion.wake_deadline += action.seconds
+                driver.promotion.deadline += action.seconds
         elif isinstance(action, PromotionActive):
             if driver.promotion is not None:
                 driver.promotion.active_at = action.at

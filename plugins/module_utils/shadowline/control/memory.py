@@ -4,6 +4,7 @@ the leader node what the driver is verifying and relaunching (DriverMemory). Onl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .frontend import Request
 
@@ -85,6 +86,8 @@ class DriverMemory:
     promotion: Promotion | None = None  # the lock's new holder until its serving is verified
     serving: int | None = None  # the cohort last verified serving
     adopted: bool = False  # the first view was taken (the serving cohort read, missing slots created)
+    bridge: Any = None  # the lock path's file, held by the driver itself (a lock.FailoverLock; lock_identity)
+    lock_replaced_at: float | None = None  # when the lock file was found deleted or replaced while held (unix)
     holder: str | None = None  # the live lock holder, engine-<id>
     last_holder: str | None = None  # the holder before it, for promotion timing
     agents_seen: set[str] = field(default_factory=set)  # nodes whose agent was seen registered

@@ -42,7 +42,10 @@ DEFAULT_ENGINE: dict[str, Any] = {
     "nnodes": None,  # default: the number of hosts in gms_nodes
     "gpus_per_node": 1,
     "extra_args": [],
-    "lease_ttl_s": 5,
+    # engines' discovery lease (ETCD_LEASE_TTL), Dynamo's own default. Dynamo 1.6.1 ends an engine whose lease
+    # keep-alive has failed for this long (an etcd outage), so it is also how long an etcd outage every engine
+    # survives (less one keep-alive period); a dead engine's lease is revoked by the agents at once, not waited for.
+    "lease_ttl_s": 30,
 }
 DEFAULT_MEMORY: dict[str, Any] = {
     "gpu_memory_gib": None,  # default: measured with nvidia-smi when present
@@ -456,7 +459,7 @@ def _parse_engine(read: Reader, value: Any, node_count: int) -> Engine | None:
     nnodes_value = values["nnodes"] if values["nnodes"] is not None else node_count
     nnodes = read.integer("gms_engine.nnodes", nnodes_value, minimum=1, maximum=1024, example=node_count)
     gpus = read.integer("gms_engine.gpus_per_node", values["gpus_per_node"], minimum=1, maximum=64, example=8)
-    lease = read.integer("gms_engine.lease_ttl_s", values["lease_ttl_s"], minimum=1, maximum=600, example=5)
+    lease = read.integer("gms_engine.lease_ttl_s", values["lease_ttl_s"], minimum=1, maximum=600, example=30)
     extra = read.string_list("gms_engine.extra_args", values["extra_args"], "['--max-model-len', '8192']")
     if extra:
         for arg in extra:

@@ -240,6 +240,7 @@ class Rank:
         self.cfg = cfg
         self.stopping = threading.Event()
         self.booting = True
+        self.hang_on_wake = False  # the hang-wake fault: stuck once it holds the lock, before it is active
         self.worker: Worker | None = None
         self.collective: cohort.Collective | None = None
         self.state_dir = settings.state_dir()
@@ -277,6 +278,9 @@ class Rank:
         elif fault == "hang-collective":
             if self.collective is not None:
                 self.collective.halt()
+        elif fault == "hang-wake":
+            log.warning("fault: hang-wake (%s): this rank will hang once it takes the failover lock", origin)
+            self.hang_on_wake = True
 
     def die(self, why: str) -> None:
         """Exit non-zero at once (ON_PEER_DEATH=exit); the worker goes with us."""
@@ -395,6 +399,29 @@ class Leader(Rank):
             log.error("engine failed: %s", e)
             return self.shutdown(1)
 
+    def park_until_the_lock(self) -> bool:
+        """Shadow mode: standby until the failover lock is ours, then waking; False when stopped meanwhile."""
+        assert self.metrics is not None and self.worker is not None
+        self.metrics.set_state("standby")
+        self.healthy = True
+        log.info("[Shadow] Engine paused, startup probe now passing, waiting for lock")
+        self.booting = False
+        if settings.env_bool("SHADOWLINE_STANDIN_PREWARM", True):
+            self.worker.prewarm()
+        self.lock = failover_lock.acquire(settings.lock_path(), self.cfg.engine_id, stop=self.stopping)
+        if self.lock is None:
+            return False
+        log.info("Failover lock acquired: %s", self.lock.holder)
+        log.info("[Shadow] Lock acquired, waking engine")
+        self.metrics.set_state("waking")
+        if self.lock.contended:
+            self.metrics.record_switch_attempt()
+        if self.hang_on_wake:  # like an engine stuck restoring its memory: the lock held, never active
+            log.warning("fault: hang-wake: stuck while waking, holding the lock")
+            self.stopping.wait()
+            return False
+        return True
+
     def _run(self) -> int:  # noqa: C901 (over the size limits of pyproject.toml; split it when it changes next)
         cfg = self.cfg
         if cfg.shadow:
@@ -412,21 +439,8 @@ class Leader(Rank):
         self.start_collective(peers, None)
 
         self.worker = Worker(cfg.model, cfg.name, cfg.host)
-        if cfg.shadow:
-            self.metrics.set_state("standby")
-            self.healthy = True
-            log.info("[Shadow] Engine paused, startup probe now passing, waiting for lock")
-            self.booting = False
-            if settings.env_bool("SHADOWLINE_STANDIN_PREWARM", True):
-                self.worker.prewarm()
-            self.lock = failover_lock.acquire(settings.lock_path(), cfg.engine_id, stop=self.stopping)
-            if self.lock is None:
-                return self.shutdown(0)
-            log.info("Failover lock acquired: %s", self.lock.holder)
-            log.info("[Shadow] Lock acquired, waking engine")
-            self.metrics.set_state("waking")
-            if self.lock.contended:
-                self.metrics.record_switch_attempt()
+        if cfg.shadow and not self.park_until_the_lock():
+            return self.shutdown(0)
         self.booting = False
 
         # Waking needs the collective: a rank that died or hangs keeps us here, holding the lock.

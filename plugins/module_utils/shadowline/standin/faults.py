@@ -6,6 +6,7 @@
 |                   |         | serving stop answering, the collective stops; SIGCONT undoes it        |
 | ``crash``         | SIGABRT | exit at once with status 134 (the worker dies with the leader)         |
 | ``hang-collective`` | SIGUSR2 | stop the heartbeat collective: the other ranks stall, /health stays 200 |
+| ``hang-wake``     | (file)  | a parked shadow hangs once it takes the failover lock, before active    |
 
 Control files (for an orchestrator on another host: write one through SSH): a rank polls
 ``<state dir>/fault-engine-<id>-rank-<r>`` and ``<state dir>/fault-engine-<id>`` (every rank of
@@ -25,7 +26,7 @@ from typing import Callable
 
 log = logging.getLogger("shadowline.standin.faults")
 
-FAULTS = ("hang", "crash", "hang-collective")
+FAULTS = ("hang", "crash", "hang-collective", "hang-wake")
 SIGNALS = {signal.SIGUSR1: "hang", signal.SIGABRT: "crash", signal.SIGUSR2: "hang-collective"}
 
 

@@ -1,0 +1,204 @@
+"""A site.yml deployment on one testbed instance, as the end-to-end tests look at it: commands inside the hosts,
+the agents' event logs, the failover lock, the leaders' failover states, completions through the frontend, the
+engine units' processes and start times. Bound to one instance (``Deployed("8")``); nothing here changes the
+deployment except ``playbook``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from shadowline.control.failover_metrics import engine_failover_view
+from shadowline.drill.load import Request, run_load
+
+from ..loopback import wait_until
+from . import launch
+
+DEPLOYMENT = "demo"  # inventories/testbed/group_vars
+UNIT = f"shadowline-{DEPLOYMENT}"
+EVENTS = f"/var/lib/shadowline/{DEPLOYMENT}/events.jsonl"
+LOCK = f"/run/shadowline/{DEPLOYMENT}/gms/failover.lock"
+LEADER = "node0"
+NODES = ("node0", "node1", "node2")
+MODEL = "shadowline/tiny-llama"
+
+
+@dataclass(frozen=True)
+class UnitRun:
+    """An engine unit's main process on a host: its pid and when it started (machine's monotonic seconds)."""
+    pid: int
+    started_mono: float
+
+
+class Deployed:
+    def __init__(self, instance: str, extra_vars: dict[str, Any]) -> None:
+        self.instance = instance
+        self.tb = launch.load_testbed(instance)
+        self.extra_vars = extra_vars
+        self.address = f"198.18.{instance}.10"
+        self.frontend = f"http://{self.address}:8000"
+
+    # --- commands ---------------------------------------------------------------------------------------------
+    def playbook(self, name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "ANSIBLE_CONFIG": str(launch.REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+               "SHADOWLINE_TESTBED": self.instance}
+        return subprocess.run([str(launch.REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(self.tb.INVENTORY),
+                               f"playbooks/{name}", "-e", json.dumps(self.extra_vars), *args],
+                              cwd=launch.REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def on(self, host: str, *argv: str, timeout: float = 30) -> str:
+        proc = self.tb.exec_in(host, list(argv), timeout=timeout)
+        assert proc.returncode == 0, f"{host}: {' '.join(argv)}: {proc.stderr.strip()}"
+        return proc.stdout
+
+    # --- what the agents say -----------------------------------------------------------------------------------
+    def events(self, host: str = LEADER, since: float = 0.0, event: str | None = None) -> list[dict[str, Any]]:
+        proc = self.tb.exec_in(host, ["cat", EVENTS], timeout=30)
+        out = []
+        for line in proc.stdout.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record["time"] >= since and (event is None or record["event"] == event):
+                out.append(record)
+        return out
+
+    def all_events(self, since: float = 0.0, event: str | None = None) -> list[dict[str, Any]]:
+        found = [e for host in NODES for e in self.events(host, since, event)]
+        return sorted(found, key=lambda e: e["time"])
+
+    def agents(self) -> dict[str, tuple[int, int]]:
+        """Each node's agent: (main pid, systemd's restart count)."""
+        out = {}
+        for host in NODES:
+            props = dict(line.split("=", 1) for line in self.on(
+                host, "systemctl", "show", "-p", "MainPID", "-p", "NRestarts", f"{UNIT}-agent").split())
+            out[host] = (int(props["MainPID"]), int(props["NRestarts"]))
+        return out
+
+    # --- the lock, the leaders, serving --------------------------------------------------------------------------
+    def lock_holder(self) -> str:
+        """The lock file's content, and that some process really holds it (flock probe inside node0)."""
+        held = self.tb.exec_in(LEADER, ["flock", "--nonblock", "--shared", LOCK, "true"], timeout=10).returncode != 0
+        return self.on(LEADER, "cat", LOCK).strip() if held else ""
+
+    def serving(self) -> int:
+        return int(self.lock_holder().rsplit("-", 1)[1])
+
+    def leader_states(self) -> dict[int, str | None]:
+        """Each cohort leader's failover state from its own /metrics (system ports 8080, 8081 on node0)."""
+        states: dict[int, str | None] = {}
+        for cohort in (0, 1):
+            try:
+                with urllib.request.urlopen(f"http://{self.address}:{8080 + cohort}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+            except OSError:
+                states[cohort] = None
+                continue
+            view = engine_failover_view(text).get(str(cohort))
+            states[cohort] = view.state if view else None
+        return states
+
+    def completion_ok(self) -> bool:
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "e2e test"}],
+                           "max_tokens": 4}).encode()
+        request = urllib.request.Request(f"{self.frontend}/v1/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def assert_whole(self, timeout: float = 60) -> None:
+        """Exactly one lock holder, which is the one active leader; the other parked; the frontend serves."""
+        states = wait_until(lambda: (s := self.leader_states()) and sorted(s.values(), key=str) == ["active",
+                                                                                                     "standby"] and s,
+                            timeout, 0.2, "one leader active and one parked")
+        active = next(c for c, s in states.items() if s == "active")
+        assert self.lock_holder() == f"engine-{active}"
+        assert wait_until(self.completion_ok, 15, 0.2, "a completion through the frontend")
+
+    # --- engine units ---------------------------------------------------------------------------------------------
+    def engine(self, host: str, cohort: int) -> UnitRun | None:
+        """The engine unit's main process, None when the unit does not run."""
+        props = dict(line.split("=", 1) for line in self.on(
+            host, "systemctl", "show", "-p", "MainPID", "-p", "ExecMainStartTimestampMonotonic",
+            f"{UNIT}-engine@{cohort}").split())
+        pid = int(props.get("MainPID") or 0)
+        return UnitRun(pid, int(props["ExecMainStartTimestampMonotonic"]) / 1e6) if pid else None
+
+    def main_pid(self, host: str, cohort: int, timeout: float = 60) -> int:
+        run = wait_until(lambda: self.engine(host, cohort), timeout, 0.2, f"engine@{cohort} running on {host}")
+        return run.pid
+
+    def kill_rank(self, host: str, cohort: int) -> float:
+        """SIGKILL the rank's main process; returns when (machine's wall clock, just before the kill)."""
+        pid = self.main_pid(host, cohort)
+        when = time.time()
+        self.on(host, "kill", "-KILL", str(pid))
+        return when
+
+    def assert_no_mixed_generation(self, cohort: int, timeout: float = 90) -> None:
+        """Every node's rank of ``cohort`` started after that cohort's last failure declaration (on any node),
+        once its slot runs again: no rank of an older generation serves beside a new one."""
+        declared = [e["time"] for e in self.all_events(event="failure-declared") if e["cohort"] == cohort]
+        assert declared, f"no failure of cohort {cohort} was declared"
+        last = max(declared)
+        offset = time.time() - time.monotonic()  # the hosts share the machine's clocks
+        runs = wait_until(lambda: (r := {h: self.engine(h, cohort) for h in NODES}) and all(r.values()) and r,
+                          timeout, 0.5, f"cohort {cohort} running on every node")
+        older = {h: round(r.started_mono + offset - last, 3) for h, r in runs.items()
+                 if r.started_mono + offset < last}
+        assert not older, f"cohort {cohort}: ranks started before its last failure declaration (s): {older}"
+
+    def model_status(self) -> dict[str, tuple[str, str]]:
+        """Each node's staged model: (state, digest) from its status file."""
+        out = {}
+        for host in NODES:
+            text = self.on(host, "sh", "-c", "cat /var/lib/shadowline/models/*/.shadowline-model-*.status.json")
+            record = json.loads(text)
+            out[host] = (record["state"], record["digest"])
+        return out
+
+
+class Load:
+    """Constant request load through the frontend (the drills' open-loop generator, drill/load.py) in a
+    thread, for the length of a ``with`` block (bounded: at most ``max_requests``, at most ``duration_s``)."""
+
+    def __init__(self, deployed: Deployed, rate: float = 10.0, duration_s: float = 120.0,
+                 max_requests: int = 1200) -> None:
+        self.args = (deployed.frontend, MODEL, rate, duration_s, max_requests)
+        self.stop = threading.Event()
+        self.requests: list[Request] = []
+        self.thread = threading.Thread(target=self.run, name="load", daemon=True)
+
+    def run(self) -> None:
+        url, model, rate, duration_s, max_requests = self.args
+        self.requests = run_load(url, model, rate=rate, duration_s=duration_s, max_requests=max_requests,
+                                 timeout_s=5.0, stop=self.stop)
+
+    def __enter__(self) -> Load:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+    def failed(self, after: float = 0.0) -> list[Request]:
+        """Requests sent at or after ``after`` (wall clock) that failed."""
+        return [r for r in self.requests if not r.ok and r.start >= after]
+
+    def summary(self) -> str:
+        bad = [r for r in self.requests if not r.ok]
+        return f"{len(self.requests)} sent, {len(bad)} failed: " + "; ".join(
+            f"{r.start:.2f} {r.status} {r.error}" for r in bad[:8])

@@ -1,0 +1,426 @@
+"""The fault matrix (docs/reliability.md): the faults that kill agents or blind them, each injected into a live
+3-host deployment under constant request load (testbed instance 8, 198.18.8.0/24), each checked for what must
+not be lost:
+
+(a) no failed request after the promotion (none at all where nothing should fail);
+(b) the slot records as expected, and no mixed generation: every node's rank of a cohort started after that
+    cohort's last failure declaration;
+(c) no agent restarted unless the row restarts it;
+(d) the staged model's status and digest unchanged.
+
+Rows 7 (truncated etcd answers, as a unit against a real etcd: tests/slurm/test_etcd_resilience.py) and 8 (a clock
+step: tests/unit/test_agent_node.py) are tested where they can be injected exactly; every other row is here.
+Development: SHADOWLINE_MATRIX_KEEP=1 keeps the testbed and its deployment at the end and reuses a serving one;
+never in CI. The deployment is the default testbed inventory (node0: leader and the one infra host) with tight settings:
+``stable_after_s`` 8, ``wake_timeout_s`` 4.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from shadowline.control.coordination import Keys, RecordInvalid, Slot
+from shadowline.control.etcd_client import Etcd
+from testbed.pytest_fixtures import skip_reason
+
+from ..loopback import wait_until
+from . import launch
+from .deployed import LEADER, NODES, UNIT, Deployed, Load
+
+INSTANCE = "8"
+# an engine's discovery lease of 60 s: Dynamo 1.6.1 ends an engine whose lease keep-alive failed that long, and
+# row 2 stops etcd for 30 s (the default, 30 s, survives about 20 s)
+EXTRA_VARS = {"gms_failover": {"stable_after_s": 8, "wake_timeout_s": 4},
+              "gms_engine": {"backend": "standin", "tensor_parallel_size": 3, "gpus_per_node": 1, "lease_ttl_s": 60}}
+d = Deployed(INSTANCE, EXTRA_VARS)
+tb = d.tb
+KEYS = Keys("demo")
+AGENT_METRICS_PORT = 8480
+
+
+def etcd() -> Etcd:
+    return Etcd(f"http://{d.address}:2379", timeout=2.0, deadline=3.0)
+
+
+@pytest.fixture(scope="module")
+def deployment() -> Iterator[None]:
+    if reason := skip_reason():
+        pytest.skip(reason)
+    if not (launch.REPO / ".runtime" / "bin" / "python").exists():
+        pytest.fail("the runtime is missing: run `make runtime`")
+    running = tb.load_journal()
+    if running is not None and (running.nodes != 3 or running.slurm or tb.problems(running)):
+        tb.down()
+    tb.up(3, False)
+    keep = os.environ.get("SHADOWLINE_MATRIX_KEEP") == "1"  # development only: reuse a deployment, keep it
+    try:
+        if not (keep and running is not None and d.completion_ok()):
+            proc = d.playbook("site.yml", timeout=900)
+            assert proc.returncode == 0, f"site.yml failed:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
+        d.assert_whole()
+        yield
+    finally:
+        if not keep:
+            tb.down()
+            left = tb.leaks()
+            assert not left, f"testbed instance {INSTANCE} left things on the machine: {left}"
+
+
+@pytest.fixture
+def steady(deployment: None) -> Iterator[dict[str, Any]]:
+    """A whole deployment before the row, and what must be the same after it."""
+    d.assert_whole()
+    wait_until(lambda: all(s.slot.attempts == 0 for s in _slots().values()) or None, 30, 0.5,
+               "the slots' crash-loop counters back at 0")
+    before = {"agents": d.agents(), "model": d.model_status(), "t0": time.time()}
+    yield before
+    assert d.model_status() == before["model"], "the staged model changed"
+    d.assert_whole()
+
+
+def _slots() -> dict[int, Any]:
+    from shadowline.control.view import read_view
+    return read_view(etcd(), KEYS, frozenset({0, 1})).slots
+
+
+def declared(since: float, cohort: int | None = None) -> list[dict[str, Any]]:
+    return [e for e in d.all_events(since, "failure-declared") if cohort is None or e["cohort"] == cohort]
+
+
+def wait_event(event: str, since: float, timeout: float = 60, host: str | None = None,
+               cohort: int | None = None) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        events = d.events(host, since, event) if host else d.all_events(since, event)
+        return next((e for e in events if cohort is None or e.get("cohort") == cohort), None)
+    return wait_until(found, timeout, 0.25, f"event {event}" + (f" of cohort {cohort}" if cohort is not None else ""))
+
+
+def promoted_at(since: float) -> float:
+    return wait_event("promoted", since, 60, LEADER)["time"]
+
+
+def same_agents(before: dict[str, Any], restarted: tuple[str, ...] = ()) -> None:
+    after = d.agents()
+    changed = {h: (before["agents"][h], after[h]) for h in NODES if h not in restarted and after[h] != before["agents"][h]}
+    assert not changed, f"agents restarted: {changed}"
+
+
+def readable(client: Etcd, key: str) -> int | None:
+    """The generation in a slot record, None while it does not parse."""
+    try:
+        return Slot.parse(client.get(key).value).generation
+    except RecordInvalid:
+        return None
+
+
+# --- row 1: records that do not parse ----------------------------------------------------------------------------
+def test_row01_malformed_slot_records(steady: dict[str, Any]) -> None:
+    t0 = steady["t0"]
+    parked = 1 - d.serving()
+    key = KEYS.slot(parked)
+    client = etcd()
+    good = Slot.parse(client.get(key).value)
+    with Load(d) as load:
+        client.put(key, b"{not json")  # repaired by the driver: its rank of the cohort runs
+        repaired = wait_event("record-repaired", t0, 20, LEADER, parked)
+        assert repaired["generation"] == good.generation
+        newer = json.dumps({**json.loads(good.to_json()), "schema": 99, "lease_owner": "x"})
+        client.put(key, newer)  # a newer shadowline's record: reported, left alone
+        wait_until(lambda: any("newer" in e["detail"]["why"] for e in d.events("node2", t0, "record-invalid")), 20,
+                   0.25, "node2 reporting the newer record")
+        time.sleep(1.0)
+        assert client.get(key).value.decode() == newer, "a newer shadowline's record was overwritten"
+        client.put(key, json.dumps({**json.loads(good.to_json()), "generation": "two"}))  # wrong types: repaired
+        wait_until(lambda: readable(client, key) == good.generation, 20, 0.25, "the repair")
+        client.put(KEYS.slot(7), Slot(cohort=7, generation=1, state="failed").to_json())  # outside the plan
+        wait_until(lambda: any("not in the plan" in e["detail"]["why"] for e in d.events(LEADER, t0, "record-invalid")),
+                   20, 0.25, "the driver reporting cohort 7")
+        client.delete(KEYS.slot(7))
+        time.sleep(2)
+    assert load.failed() == [], load.summary()
+    assert declared(t0) == [], "a malformed record failed a generation"
+    same_agents(steady)
+
+
+# --- rows 2 and 14: etcd away ---------------------------------------------------------------------------------------
+def test_row02a_etcd_stopped_30s_while_idle(steady: dict[str, Any]) -> None:
+    t0 = steady["t0"]
+    with Load(d) as load:
+        d.on(LEADER, "systemctl", "stop", f"{UNIT}-etcd")
+        try:
+            time.sleep(30)
+        finally:
+            d.on(LEADER, "systemctl", "start", f"{UNIT}-etcd")
+        wait_until(lambda: len(d.all_events(t0, "etcd-reachable")) >= 3, 30, 0.5, "every agent reaching etcd again")
+        time.sleep(3)
+    assert declared(t0) == [], "an etcd outage alone failed a generation"
+    assert load.failed(after=time.time() - 2) == [], load.summary()
+    same_agents(steady)
+
+
+def test_row02b_etcd_stopped_a_worker_killed_etcd_back(steady: dict[str, Any]) -> None:
+    """The death happens while etcd is away: node2 kills its rank's rest at once and declares once etcd is back
+    (never restarting the one rank into the running generation)."""
+    t0 = steady["t0"]
+    parked = 1 - d.serving()
+    with Load(d) as load:
+        d.on(LEADER, "systemctl", "stop", f"{UNIT}-etcd")
+        try:
+            time.sleep(1)
+            d.kill_rank("node2", parked)
+            time.sleep(10)
+        finally:
+            d.on(LEADER, "systemctl", "start", f"{UNIT}-etcd")
+        wait_event("relaunch-complete", t0, 90, LEADER, parked)
+    d.assert_no_mixed_generation(parked)
+    assert declared(t0, parked), "the death was never declared"
+    assert {e["cohort"] for e in declared(t0)} == {parked}
+    assert load.failed(after=time.time() - 2) == [], load.summary()
+    same_agents(steady)
+
+
+def test_row03_agent_stopped_a_worker_killed_agent_started(steady: dict[str, Any]) -> None:
+    t0 = steady["t0"]
+    parked = 1 - d.serving()
+    with Load(d) as load:
+        d.on("node2", "systemctl", "stop", f"{UNIT}-agent")
+        try:
+            d.kill_rank("node2", parked)
+            time.sleep(1)
+        finally:
+            d.on("node2", "systemctl", "start", f"{UNIT}-agent")
+        missing = wait_event("failure-declared", t0, 30, "node2", parked)
+        assert missing["detail"]["reason"] == "rank-missing"
+        wait_event("relaunch-complete", t0, 90, LEADER, parked)
+    d.assert_no_mixed_generation(parked)
+    assert load.failed() == [], load.summary()
+    same_agents(steady, restarted=("node2",))
+
+
+def test_row04_etcd_unreachable_3s_right_after_kill_leader(steady: dict[str, Any]) -> None:
+    t0 = steady["t0"]
+    serving = d.serving()
+    etcd_pid = d.on(LEADER, "systemctl", "show", "-p", "MainPID", "--value", f"{UNIT}-etcd").strip()
+    with Load(d) as load:
+        d.kill_rank(LEADER, serving)
+        time.sleep(0.05)
+        d.on(LEADER, "kill", "-STOP", etcd_pid)
+        try:
+            time.sleep(3)
+        finally:
+            d.on(LEADER, "kill", "-CONT", etcd_pid)
+        after = promoted_at(t0)
+        time.sleep(2)
+    assert load.failed(after=after) == [], load.summary()
+    d.assert_no_mixed_generation(serving)
+    same_agents(steady)
+
+
+def test_row05_compaction_and_defrag_then_kill_leader(steady: dict[str, Any]) -> None:
+    t0 = steady["t0"]
+    client = etcd()
+    client.compact(client.range_prefix(KEYS.root)[1])
+    client.defragment()
+    serving = d.serving()
+    with Load(d) as load:
+        d.kill_rank(LEADER, serving)
+        after = promoted_at(t0)
+        time.sleep(2)
+    assert load.failed(after=after) == [], load.summary()
+    d.assert_no_mixed_generation(serving)
+    same_agents(steady)
+
+
+def test_row06_slow_etcd_never_delays_the_local_kill(steady: dict[str, Any]) -> None:
+    """etcd answers 1.5 s late (netem on node0's etcd replies): a dead rank's node still kills the rest of the
+    rank at once, before its declaration reaches etcd."""
+    t0 = steady["t0"]
+    parked = 1 - d.serving()
+    slow = ["tc qdisc add dev {dev} root handle 1: prio",
+            "tc qdisc add dev {dev} parent 1:3 handle 30: netem delay 1500ms",
+            "tc filter add dev {dev} protocol ip parent 1:0 prio 3 u32 match ip sport 2379 0xffff flowid 1:3"]
+    dev = d.on(LEADER, "sh", "-c", "ip -o route get 198.18.%s.11 | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p'"
+               % INSTANCE).strip()
+    with Load(d) as load:
+        d.on(LEADER, "sh", "-c", " && ".join(c.format(dev=dev) for c in slow))
+        try:
+            time.sleep(1)
+            killed = d.kill_rank("node2", parked)
+            gone = wait_event("ranks-gone", killed - 0.01, 10, "node2", parked)
+            exited = wait_event("rank-exited", killed - 0.01, 10, "node2", parked)
+            mine = wait_event("failure-declared", killed - 0.01, 20, "node2", parked)
+        finally:
+            d.on(LEADER, "tc", "qdisc", "del", "dev", dev, "root")
+        wait_event("relaunch-complete", t0, 90, LEADER, parked)
+    assert gone["time"] - exited["time"] < 0.2, (exited, gone)
+    assert gone["time"] < mine["time"], "the local kill waited for etcd"
+    assert mine["time"] - killed > 1.0, "etcd was not slow: the row injected nothing"
+    d.assert_no_mixed_generation(parked)
+    assert load.failed() == [], load.summary()
+    same_agents(steady)
+
+
+REPOPULATE = r"""
+import os, subprocess, sys, time
+relative, pid = sys.argv[1], int(sys.argv[2])
+roots = [r + relative for r in ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified") if os.path.isdir(r + relative)]
+while os.path.exists(f"/proc/{pid}"):
+    time.sleep(0.005)
+end = time.monotonic() + 5.0
+while time.monotonic() < end:
+    try:
+        with open(os.path.join(roots[0], "cgroup.procs")) as f:
+            empty = not f.read().strip()
+        if empty:
+            sleeper = subprocess.Popen(["sleep", "30"])
+            for root in roots:
+                with open(os.path.join(root, "cgroup.procs"), "w") as f:
+                    f.write(str(sleeper.pid))
+    except OSError:
+        pass
+    time.sleep(0.002)
+"""
+
+
+def test_row09_rank_outliving_sigkill_is_not_gone_until_its_cgroup_is_empty(steady: dict[str, Any]) -> None:
+    """Processes of a killed rank keep reappearing in its cgroup for 5 s (as a process stuck in an
+    uninterruptible wait outlives SIGKILL): no confirmation and no relaunch before the cgroup is empty."""
+    t0 = steady["t0"]
+    parked = 1 - d.serving()
+    unit = f"{UNIT}-engine@{parked}.service"
+    cgroup = d.on("node2", "systemctl", "show", "-p", "ControlGroup", "--value", unit).strip()
+    pid = d.main_pid("node2", parked)
+    d.on("node2", "systemd-run", "--unit=fault-repopulate", "--collect", "/usr/bin/python3", "-c", REPOPULATE,
+         cgroup, str(pid))
+    with Load(d) as load:
+        killed = d.kill_rank("node2", parked)
+        not_gone = wait_event("ranks-not-gone", killed, 10, "node2", parked)
+        gone = wait_event("ranks-gone", killed, 20, "node2", parked)
+        scheduled = wait_event("relaunch-scheduled", killed, 30, LEADER, parked)
+        wait_event("relaunch-complete", t0, 90, LEADER, parked)
+    assert not_gone["time"] < gone["time"]
+    assert gone["time"] - killed >= 4.5, "confirmed gone while the cgroup still had processes"
+    assert scheduled["time"] >= gone["time"], "relaunched before the old rank was gone everywhere"
+    d.assert_no_mixed_generation(parked)
+    assert load.failed() == [], load.summary()
+    same_agents(steady)
+
+
+def test_row10_shadow_hung_while_waking_is_failed_and_the_next_takes_over(steady: dict[str, Any]) -> None:
+    t0 = steady["t0"]
+    serving = d.serving()
+    parked = 1 - serving
+    fault = f"/run/shadowline/demo/gms/fault-engine-{parked}"
+    d.on(LEADER, "sh", "-c", f"echo hang-wake > {fault}")
+    try:
+        time.sleep(0.5)
+        with Load(d) as load:
+            d.kill_rank(LEADER, serving)
+            timeout = wait_event("wake-timeout", t0, 30, LEADER, parked)
+            assert timeout["time"] - t0 >= 4.0
+            assert any(e["detail"]["reason"] == "wake-timeout" for e in declared(t0, parked))
+            again = wait_until(lambda: next((e for e in d.events(LEADER, t0, "promoted") if e["cohort"] == serving),
+                                            None), 120, 0.5, f"cohort {serving} relaunched and promoted")
+            time.sleep(2)
+    finally:
+        d.on(LEADER, "rm", "-f", fault)
+    assert load.failed(after=again["time"]) == [], load.summary()
+    same_agents(steady)
+
+
+def test_row11_lock_file_deleted_while_held(steady: dict[str, Any]) -> None:
+    """The lock file is deleted while the serving engine holds it: the next engine to open the path would win a
+    new file at once (two active engines). The driver holds the new file in the serving engine's name, moves the
+    parked shadow onto it; a kill-leader afterwards promotes exactly one shadow."""
+    t0 = steady["t0"]
+    serving = d.serving()
+    parked = 1 - serving
+    with Load(d) as load:
+        d.on(LEADER, "rm", "-f", "/run/shadowline/demo/gms/failover.lock")
+        wait_event("lock-replaced", t0, 20, LEADER)
+        wait_event("lock-bridged", t0, 20, LEADER)
+        moved = wait_event("failure-declared", t0, 20, cohort=parked)
+        assert moved["detail"]["reason"] == "lock-replaced"
+        wait_event("relaunch-complete", t0, 90, LEADER, parked)
+        assert d.lock_holder() == f"engine-{serving}"
+        assert sorted(d.leader_states().values(), key=str) == ["active", "standby"]
+        killed = d.kill_rank(LEADER, serving)
+        wait_event("lock-bridge-released", killed, 20, LEADER)
+        after = promoted_at(killed)
+        time.sleep(2)
+    d.assert_whole()
+    assert d.lock_holder() == f"engine-{parked}"
+    assert load.failed(after=after) == [], load.summary()
+    assert [e for e in load.failed() if e.start < killed] == [], "serving failed before the kill-leader"
+    same_agents(steady)
+
+
+def test_row12_idle_connections_to_the_agent_then_kill_leader(steady: dict[str, Any]) -> None:
+    t0 = steady["t0"]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    idle = []
+    try:
+        for _unused in range(2000):
+            try:
+                idle.append(socket.create_connection((d.address, AGENT_METRICS_PORT), timeout=5))
+            except OSError:
+                break  # the backlog is full: the agent turned them away
+        assert len(idle) >= 500
+        serving = d.serving()
+        with Load(d) as load:
+            d.kill_rank(LEADER, serving)
+            after = promoted_at(t0)
+            time.sleep(2)
+        import urllib.request
+        with urllib.request.urlopen(f"http://{d.address}:{AGENT_METRICS_PORT}/health", timeout=10) as answer:
+            assert answer.status == 200
+    finally:
+        for sock in idle:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert load.failed(after=after) == [], load.summary()
+    d.assert_no_mixed_generation(serving)
+    same_agents(steady)
+
+
+def test_row13_worker_host_rebooted(steady: dict[str, Any]) -> None:
+    """node2 loses power and boots again: every cohort had a rank there (each cohort spans every node), so serving
+    stops until node2 is back and the cohorts are relaunched; nothing older serves after (no mixed generation)."""
+    with Load(d, duration_s=180, max_requests=1800) as load:
+        seconds = tb.reboot("node2")
+        assert seconds < 60
+        wait_until(d.completion_ok, 120, 0.5, "serving again after node2's reboot")
+        back = time.time()
+        time.sleep(2)
+    for cohort in (0, 1):
+        d.assert_no_mixed_generation(cohort)
+    assert load.failed(after=back + 1) == [], load.summary()
+    same_agents(steady, restarted=("node2",))
+
+
+def test_row14_the_only_infra_host_stopped_and_started(steady: dict[str, Any]) -> None:
+    """etcd, NATS and the frontend (the one infra host's services) stop for 5 s: agents stay up, nothing is
+    killed, and serving resumes once they are back."""
+    t0 = steady["t0"]
+    infra = [f"{UNIT}-frontend", f"{UNIT}-nats", f"{UNIT}-etcd"]
+    with Load(d) as load:
+        d.on(LEADER, "systemctl", "stop", *infra)
+        try:
+            time.sleep(5)
+        finally:
+            d.on(LEADER, "systemctl", "start", *reversed(infra))
+        wait_until(d.completion_ok, 60, 0.5, "serving after the infra host is back")
+        back = time.time()
+        time.sleep(3)
+    assert declared(t0) == [], "losing the infra host failed a generation"
+    assert load.failed(after=back + 1) == [], load.summary()
+    same_agents(steady)
