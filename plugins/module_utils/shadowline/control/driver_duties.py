@@ -407,9 +407,9 @@ class DriverDuties:
         self.execute(first_view(view, self.plan.cohort_ids, self.memory, self.node))
         self.execute(repair_invalid(view, self.plan.cohort_ids, self.node, now))
         self.execute(republish_weights(view, self.memory))
-        self.execute(lock_identity(lock_seen(self.plan.lock_path, f"shadowline-{self.plan.deployment}"), view,
-                                   self.memory, {c: self.plan.cohort(c).engine_id for c in self.plan.cohort_ids},
-                                   now))
+        engines = {c: cgroup_pids(r.cgroup) for c, r in self.node.ranks.items() if r.cgroup}
+        self.execute(lock_identity(lock_seen(self.plan.lock_path, engines), view, self.memory,
+                                   {c: self.plan.cohort(c).engine_id for c in self.plan.cohort_ids}, now))
         self.execute(verify_promotion(view, self.memory, self.node, self.promotion_seen(), now))
         self.execute(watch_agents(view, self.host, self.memory, self.plan.failover, now))
         for entry in view.slots.values():

@@ -311,7 +311,9 @@ class Executor:
             driver.promotion = action.promotion
         elif isinstance(action, TakeBridge):
             driver.bridge = try_acquire(self.plan.lock_path, action.engine_id)
-            if driver.bridge is not None:
+            if driver.bridge is not None:  # the engines' user must open it, as the file it replaces
+                directory = os.stat(os.path.dirname(self.plan.lock_path))
+                os.fchown(driver.bridge.fd, directory.st_uid, directory.st_gid)
                 self.events.write("lock-bridged", detail=f"the driver holds {self.plan.lock_path} for engine-"
                                                          f"{action.engine_id} until that engine lets its lock go")
         elif isinstance(action, ReleaseBridge):

@@ -9,7 +9,6 @@ and the device:inode it locks, stat names the path's inode.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
 
@@ -29,8 +28,8 @@ class Flock:
 
 @dataclass(frozen=True)
 class LockSeen:
-    """The lock as the driver sees it this tick: the path's file, and which file each cohort's engine holds or
-    waits for (engines found by their unit's cgroup)."""
+    """The lock as the driver sees it this tick: the path's file, which file each cohort's engine holds, and which
+    file a cohort that holds none has open (it polls that file's lock: a parked shadow)."""
     path: FileId | None
     holders: dict[int, FileId]
     waiting: dict[int, FileId]
@@ -74,31 +73,37 @@ def flocks() -> list[Flock]:
         return []
 
 
-ENGINE_UNIT = re.compile(r"-engine@(\d+)\.service")
-
-
-def cohort_of(pid: int, deployment_unit_prefix: str) -> int | None:
-    """The cohort whose engine unit runs ``pid`` (from its cgroup), None for any other process."""
-    try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        path = line.rsplit(":", 1)[-1]
-        match = ENGINE_UNIT.search(path)
-        if match and deployment_unit_prefix + "-engine@" in path:
-            return int(match.group(1))
+def opened(pids: list[int], path: str) -> FileId | None:
+    """The file at ``path`` (or that was there: a deleted one) that one of ``pids`` has open, from /proc/<pid>/fd:
+    a parked shadow polls the lock with LOCK_NB on a descriptor it keeps, so it never shows as a waiter."""
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            link = f"/proc/{pid}/fd/{fd}"
+            try:
+                target = os.readlink(link)
+                if target != path and target != f"{path} (deleted)":
+                    continue
+                st = os.stat(link)
+            except OSError:
+                continue
+            return FileId(st.st_dev, st.st_ino)
     return None
 
 
-def lock_seen(path: str, deployment_unit_prefix: str) -> LockSeen:
+def lock_seen(path: str, engines: dict[int, list[int]]) -> LockSeen:
+    """``engines``: each cohort's processes on this node (its unit's cgroup)."""
+    owner = {pid: cohort for cohort, pids in engines.items() for pid in pids}
     holders: dict[int, FileId] = {}
-    waiting: dict[int, FileId] = {}
     for lock in flocks():
-        if not lock.write:
-            continue
-        cohort = cohort_of(lock.pid, deployment_unit_prefix)
-        if cohort is not None:
-            (waiting if lock.waiting else holders)[cohort] = lock.file
+        cohort = owner.get(lock.pid)
+        if cohort is not None and lock.write and not lock.waiting:
+            holders[cohort] = lock.file
+    waiting: dict[int, FileId] = {}
+    for cohort, pids in engines.items():
+        if cohort not in holders and (file := opened(pids, path)) is not None:
+            waiting[cohort] = file
     return LockSeen(path_id(path), holders, waiting)

@@ -290,6 +290,7 @@ def _infra_plan(contract: Contract, dirs: _Dirs) -> InfraPlan:
             "--http-port", str(ports.frontend), "--migration-limit", str(FRONTEND_MIGRATION_LIMIT))
     env = {
         **_discovery_env(etcd, nats),
+        "ETCD_LEASE_TTL": str(contract.engine.lease_ttl_s),  # the engines' etcd outage tolerance, the frontend's too
         "DYN_TCP_RESPONSE_STREAM_HOST": first.address,
         "HF_HUB_OFFLINE": "1",
         "HOME": f"{dirs.state}/frontend",
