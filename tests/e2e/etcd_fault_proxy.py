@@ -14,8 +14,8 @@ import time
 
 
 def relay(source: socket.socket, sink: socket.socket, delay: float, cut: bool) -> None:
-    """Copy ``source`` to ``sink`` (each chunk ``delay`` seconds late; with ``cut``, half of the first chunk and
-    then close both), until either side closes."""
+    """Copy ``source`` to ``sink`` (the answer ``delay`` seconds late: its first chunk waits; with ``cut``, half of
+    the first chunk and then close both), until either side closes."""
     try:
         while True:
             chunk = source.recv(65536)
@@ -23,6 +23,7 @@ def relay(source: socket.socket, sink: socket.socket, delay: float, cut: bool) -
                 break
             if delay:
                 time.sleep(delay)
+                delay = 0.0
             if cut:
                 sink.sendall(chunk[: max(1, len(chunk) // 2)])
                 break

@@ -55,7 +55,7 @@ ERROR_REPORT_S = 10.0  # the same tick error is written to the event log at most
 
 
 class Agent:
-    def __init__(self, plan: Plan, host: str, etcd: Etcd, feed_etcd: Etcd) -> None:
+    def __init__(self, plan: Plan, host: str, etcd: Etcd, feed_etcd: Etcd, lease_etcd: Etcd | None = None) -> None:
         self.plan = plan
         self.host = host
         self.etcd = etcd
@@ -75,7 +75,8 @@ class Agent:
         self.driver = DriverDuties(plan, host, self.memory, self.driver_memory, self.execute.registrations,
                                    self.execute) if self.driver_memory is not None else None
         self.feed = EtcdFeed(feed_etcd, self.coord.keys, host, frozenset(plan.cohort_ids),
-                             int(plan.failover.agent_lease_ttl_s), CHECK_S if self.is_driver else SYNC_S, self.wake_w)
+                             int(plan.failover.agent_lease_ttl_s), CHECK_S if self.is_driver else SYNC_S, self.wake_w,
+                             lease_etcd)
         self.view: DeploymentView | None = None  # the latest view the feed read
         self.gms_pidfd: int | None = None
         self.stopping = False
@@ -217,9 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.host not in plan.hosts:
         parser.error(f"--host {args.host} is not a node of deployment {plan.deployment}")
     _lock = single_instance(plan.agent_lock_path(args.host))
-    try:  # two clients: the loop's (writes) and the feed's (reads), each with its own deadlines
-        agent = Agent(plan, args.host, Etcd(plan.infra.etcd_endpoints, timeout=2.0, deadline=2.5),
-                      Etcd(plan.infra.etcd_endpoints, timeout=2.0, deadline=3.0))
+    try:  # three clients: the loop's (writes), the feed's (reads), the lease's; each thread its own
+        endpoints = plan.infra.etcd_endpoints
+        agent = Agent(plan, args.host, Etcd(endpoints, timeout=2.0, deadline=2.5),
+                      Etcd(endpoints, timeout=2.0, deadline=3.0), Etcd(endpoints, timeout=2.0, deadline=2.5))
     except MetricsUnavailable as err:
         console.err(err)
         return 2

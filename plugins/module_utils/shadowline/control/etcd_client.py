@@ -271,11 +271,10 @@ class Etcd:
             endpoint = self.endpoints[index]
             request = urllib.request.Request(endpoint + "/v3/watch", data=body, method="POST",
                                              headers={"Content-Type": "application/json"})
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if deadline - time.monotonic() <= 0:
                 break
-            try:
-                response = open_direct(request, min(self.timeout, max(0.05, remaining)))
+            try:  # a slow member gets its whole timeout to start the stream; the wait for events is the caller's
+                response = open_direct(request, self.timeout)
             except urllib.error.HTTPError as err:
                 raise EtcdError(f"etcd at {endpoint} refused a watch of {prefix!r}: "
                                 f"{_error_body(err).get('message') or err.reason}", endpoint) from None

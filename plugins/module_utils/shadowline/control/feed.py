@@ -1,9 +1,10 @@
 """The agent's reading side of etcd, in a thread of its own so that a slow or absent etcd never holds up the loop
 (the loop kills local ranks at once and writes to etcd only when it has something to say).
 
-The feed keeps the agent's presence (``agents/<host>`` on a lease: registered again after the lease expired),
-watches the deployment's prefix, and reads its view (one range read, view.py) when the watch says something
-changed or every ``period_s``. The loop takes what arrived with ``take()``: the latest view, the slot records the
+The feed keeps the agent's presence (``agents/<host>`` on a lease: registered again after the lease expired) in a
+thread of its own, so that a slow answer to a read never lets the lease expire, and in another it watches the
+deployment's prefix and reads its view (one range read, view.py) when the watch says something changed or every
+``period_s``. The loop takes what arrived with ``take()``: the latest view, the slot records the
 watch delivered since (the hot path: a declared failure is torn down from the event itself), whether etcd
 answers, and notices for the event log.
 
@@ -45,8 +46,9 @@ class FeedNews:
 
 class EtcdFeed:
     def __init__(self, etcd: Etcd, keys: Keys, host: str, cohorts: frozenset[int], lease_ttl_s: int,  # noqa: PLR0913 (over the size limits of pyproject.toml; split it when it changes next)
-                 period_s: float, wake_fd: int) -> None:
+                 period_s: float, wake_fd: int, lease_etcd: Etcd | None = None) -> None:
         self.etcd = etcd
+        self.lease_etcd = lease_etcd or etcd
         self.keys = keys
         self.host = host
         self.cohorts = cohorts
@@ -62,6 +64,7 @@ class EtcdFeed:
         self._news = FeedNews()
 
     def start(self) -> threading.Thread:
+        threading.Thread(target=self.keep_lease, name="etcd-lease", daemon=True).start()
         thread = threading.Thread(target=self.run, name="etcd-feed", daemon=True)
         thread.start()
         return thread
@@ -88,16 +91,26 @@ class EtcdFeed:
                 self.notice("feed-error", error=repr(err))
                 self.stop.wait(RETRY_S)
 
+    def keep_lease(self) -> None:
+        """The agent's presence: registered, kept alive every third of its TTL, registered again if it expired."""
+        while not self.stop.is_set():
+            try:
+                if not self.lease:
+                    self.register()
+                else:
+                    self.keepalive()
+            except EtcdError:
+                pass  # the reading thread reports whether etcd answers
+            except Exception as err:  # noqa: BLE001 (the lease must outlive anything one call does)
+                self.notice("lease-error", error=repr(err))
+            self.stop.wait(max(0.05, self.next_keepalive - time.monotonic()) if self.lease else RETRY_S)
+
     def step(self) -> None:
         now = time.monotonic()
-        if not self.lease:
-            self.register()
-        elif now >= self.next_keepalive:
-            self.keepalive()
         if self.revision == 0 or now >= self.next_read:
             self.read()
-        timeout = min(self.next_read, self.next_keepalive) - time.monotonic()
-        events = self.etcd.watch(self.keys.root, self.revision, timeout=max(0.05, timeout))
+        timeout = self.next_read - time.monotonic()
+        events = self.etcd.watch(self.keys.root, self.revision, timeout=max(0.05, min(1.0, timeout)))
         if not events:
             return
         self.revision = max(e.mod_revision for e in events)
@@ -114,8 +127,9 @@ class EtcdFeed:
         self.wake()
 
     def register(self) -> None:
-        lease = self.etcd.lease_grant(self.lease_ttl_s)
-        self.etcd.put(self.keys.agent(self.host), json.dumps({"pid": os.getpid(), "since": time.time()}), lease=lease)
+        lease = self.lease_etcd.lease_grant(self.lease_ttl_s)
+        self.lease_etcd.put(self.keys.agent(self.host), json.dumps({"pid": os.getpid(), "since": time.time()}),
+                            lease=lease)
         if self.lease:
             self.notice("agent-registered-again", lease=f"{lease:x}")
         self.lease = lease
@@ -123,7 +137,7 @@ class EtcdFeed:
 
     def keepalive(self) -> None:
         self.next_keepalive = time.monotonic() + self.keepalive_period()
-        if self.etcd.lease_keepalive(self.lease) <= 0:
+        if self.lease_etcd.lease_keepalive(self.lease) <= 0:
             self.notice("agent-lease-expired")
             self.register()
 
