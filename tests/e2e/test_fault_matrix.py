@@ -19,11 +19,13 @@ never in CI. The deployment is the default testbed inventory (node0: leader and 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import resource
 import socket
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -185,7 +187,8 @@ def test_row02b_etcd_stopped_a_worker_killed_etcd_back(steady: dict[str, Any]) -
         wait_event("relaunch-complete", t0, 90, LEADER, parked)
     d.assert_no_mixed_generation(parked)
     assert declared(t0, parked), "the death was never declared"
-    assert {e["cohort"] for e in declared(t0)} == {parked}
+    assert {e["cohort"] for e in declared(t0)} == {parked}, [(e["node"], e["cohort"], e["detail"]) for e in
+                                                             declared(t0)]
     assert load.failed(after=time.time() - 2) == [], load.summary()
     same_agents(steady)
 
@@ -375,8 +378,19 @@ def test_row11_lock_file_deleted_while_held(steady: dict[str, Any]) -> None:
     d.assert_whole()
     assert d.lock_holder() == f"engine-{parked}"
     assert load.failed(after=after) == [], load.summary()
-    assert [e for e in load.failed() if e.start < killed] == [], "serving failed before the kill-leader"
+    early = [r for r in load.failed() if r.start < killed]
+    assert early == [], ("serving failed before the kill-leader", early,
+                         [(e["time"], e["node"], e["event"], e["cohort"], e["detail"]) for e in d.all_events(t0)
+                          if abs(e["time"] - early[0].start) < 2])
     same_agents(steady)
+
+
+def agent_healthy() -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{d.address}:{AGENT_METRICS_PORT}/health", timeout=5) as answer:
+            return answer.status == 200
+    except (OSError, http.client.HTTPException):
+        return False
 
 
 def test_row12_idle_connections_to_the_agent_then_kill_leader(steady: dict[str, Any]) -> None:
@@ -396,13 +410,11 @@ def test_row12_idle_connections_to_the_agent_then_kill_leader(steady: dict[str, 
             d.kill_rank(LEADER, serving)
             after = promoted_at(t0)
             time.sleep(2)
-        import urllib.request
-        with urllib.request.urlopen(f"http://{d.address}:{AGENT_METRICS_PORT}/health", timeout=10) as answer:
-            assert answer.status == 200
     finally:
         for sock in idle:
             sock.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    wait_until(agent_healthy, 15, 0.5, "the agent's /health once the idle connections are gone")
     assert load.failed(after=after) == [], load.summary()
     d.assert_no_mixed_generation(serving)
     same_agents(steady)

@@ -337,3 +337,12 @@ def test_the_bridge_goes_when_the_serving_engine_lets_its_lock_go():
                                NOW)) == ["ReleaseBridge", "Record:lock-bridge-released"]
     whole = LockSeen(path=OLD, holders={0: OLD}, waiting={1: OLD})
     assert lock_identity(whole, view(slot(0, 1), slot(1, 1)), DriverMemory(serving=0), {0: 0, 1: 1}, NOW) == []
+
+
+def test_the_first_holder_waits_for_its_slot():
+    """At the driver's start the lock holder is seen before its slot is created: no verdict until it exists, so the
+    first holder's promotion is verified and the driver learns which cohort serves."""
+    assert lock_changed("engine-0", plan(), view(), DriverMemory(), memory(rank(0, 1)), NOW) == []
+    assert lock_changed("engine-0", plan(), view(slot(0, 1)), DriverMemory(), memory(rank(0, 0)), NOW) == []
+    assert "BeginPromotion" in kinds(lock_changed("engine-0", plan(), view(slot(0, 1)), DriverMemory(),
+                                                  memory(rank(0, 1)), NOW))

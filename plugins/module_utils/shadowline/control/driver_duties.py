@@ -97,7 +97,9 @@ def lock_changed(holder: str | None, plan: Plan, view: DeploymentView | None, dr
         return actions + [Record("lock-unknown-holder", fields={"holder": holder})]
     rank = node.ranks.get(cohort)
     slot = view.slot(cohort) if view else None
-    if rank is None or slot is None or slot.state in (FAILED, DEAD) or rank.generation != slot.generation:
+    if slot is None or (rank is not None and not rank.generation):
+        return []  # its slot not created, or its rank's generation not known yet: look again next tick
+    if rank is None or slot.state in (FAILED, DEAD) or rank.generation != slot.generation:
         # e.g. a shadow whose own generation is being torn down grabbed the lock on its way out
         return actions + [Record("lock-taken-by-failing", cohort, rank.generation if rank else None,
                                  {"holder": holder,
