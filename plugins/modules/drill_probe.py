@@ -41,6 +41,13 @@ options:
     description: With I(mode=steady), how long to wait for a steady deployment.
     type: float
     default: 60
+  settings:
+    description:
+      - With I(mode=steady), the drill's numbers (C(drill_rate), C(drill_max_s), C(drill_warmup_s), C(drill_tail_s),
+        C(drill_cut_s), C(drill_steady_timeout_s), C(drill_request_timeout_s)) as given, checked for sense (finite,
+        positive, bounded, ordered) before anything else; each refusal names the variable and the fix.
+    type: dict
+    default: {}
   since:
     description: Unix time of the fault (I(mode=settle)) or of the drill's start (I(mode=after)).
     type: float
@@ -155,6 +162,7 @@ from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.no
     wait_settled,
     wait_steady,
 )
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.settings import check as check_settings
 
 
 def main() -> None:
@@ -166,6 +174,7 @@ def main() -> None:
             "fault": {"type": "str"},
             "target": {"type": "str"},
             "steady_timeout_s": {"type": "float", "default": 60},
+            "settings": {"type": "dict", "default": {}},
             "since": {"type": "float"},
             "slots_before": {"type": "dict", "default": {}},
             "expect_failure": {"type": "bool", "default": False},
@@ -186,6 +195,9 @@ def main() -> None:
             module.fail_json(msg=f"mode={p['mode']} runs on the leader node (node rank 0): the lock and the "
                                  "driver agent are there")
         if p["mode"] == "steady":
+            problems = check_settings(p["settings"])
+            if problems:
+                module.fail_json(msg="the drill's settings make no sense: " + " ".join(problems), problems=problems)
             if p["fault"] is not None:
                 fault(p["fault"])  # the library's list of faults: an unknown one fails before any wait
             state = wait_steady(plan, p["steady_timeout_s"])

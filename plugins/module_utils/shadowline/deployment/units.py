@@ -88,8 +88,9 @@ def nats_unit(plan: Plan, host: str) -> str:
 def frontend_unit(plan: Plan) -> str:
     process = plan.infra.frontend
     infra = [plan.unit_name("etcd"), plan.unit_name("nats")]
+    # always: Dynamo's runtime ends the frontend with status 0 when its etcd lease is lost (a long etcd outage)
     return service_unit(f"shadowline {plan.deployment}: Dynamo frontend (OpenAI API)", process,
-                        [process.env["HOME"]], user=plan.service_user, after=infra, restart="on-failure")
+                        [process.env["HOME"]], user=plan.service_user, after=infra, restart="always")
 
 
 def engine_template(plan: Plan) -> str:
