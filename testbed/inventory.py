@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 from .journal import State, write_json_atomic
-from .names import GROUP_VARS, INSTANCE, INVENTORY, KEY_FILE, REPO_ROOT, STATE_JSON
+from .names import BRIDGE_ADDRESS, GROUP_VARS, INSTANCE, INVENTORY, KEY_FILE, REPO_ROOT, STATE_JSON, TESTBED_DIR
 
 
 def inventory_text(state: State) -> str:
@@ -16,8 +16,11 @@ def inventory_text(state: State) -> str:
         "    ansible_user: root",
         f"    ansible_ssh_private_key_file: {KEY_FILE}",
         "    ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+        "    ansible_host_key_checking: false  # throwaway hosts; ansible.cfg checks host keys everywhere else",
         "    ansible_python_interpreter: /usr/bin/python3",
         f"    testbed_repo_root: {REPO_ROOT}",
+        f"    gms_secrets_dir: {TESTBED_DIR}/secrets  # the instance's own CA and passwords (docs/security.md)",
+        f"    gms_firewall_allow: [{BRIDGE_ADDRESS}]  # the machine itself (tests, benchmarks) reaches every port",
         "  children:",
         "    gms_nodes:",
         "      hosts:",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import units
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import firewall, units
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
 
 RENDERERS: dict[str, Callable[..., str]] = {
@@ -16,6 +16,8 @@ RENDERERS: dict[str, Callable[..., str]] = {
     "etcd": units.etcd_unit,
     "nats": units.nats_unit,
     "agent": units.agent_unit,
+    "firewall": firewall.firewall_unit,
+    "firewall_rules": firewall.firewall_rules,  # not a unit: the nft script the firewall unit loads
 }
 
 

@@ -59,6 +59,9 @@ def standin_plan(hosts: Sequence[Any], deployment: str, model_dir: Path, *, coho
                        "gpus_per_node": gpus_per_node},
         "gms_cohorts": cohorts,
         "gms_python": str(RUNTIME_PY),
+        # these tests start the plan's processes as units without the roles, so no credentials are installed:
+        # the plain control plane (the secure default is tested through the roles, tests/e2e/test_site.py)
+        "gms_insecure": True,
     }
     hostvars = {h.name: {**shared, "gms_node_rank": i, "ansible_host": h.address} for i, h in enumerate(hosts)}
     contract, problems = parse_contract(hostvars, [h.name for h in hosts])

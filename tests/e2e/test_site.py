@@ -19,10 +19,19 @@ printed (docs/roles.md quotes them).
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import os
+import re
+import socket
+import ssl
+import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+
+from shadowline.deployment.pki import ensure_pki
 
 from .site_helpers import (
     PlaybookRun,
@@ -32,6 +41,7 @@ from .site_helpers import (
     deployment_processes,
     host_rc,
     host_sh,
+    http,
     listeners,
     main_pid,
     marked_processes,
@@ -192,6 +202,167 @@ def test_units_pass_systemd_analyze_verify(site: Site) -> None:
         assert rc == 0 and output.strip() == "", f"{host}: systemd-analyze verify exited {rc}:\n{output}"
 
 
+# -- 2b. the control plane is closed (issue #13) ---------------------------------------------------------------- #
+
+def _secrets_of(plan: dict[str, Any]) -> list[str]:
+    """Every password and private key of the deployment, read from the controller's directory."""
+    root = Path(os.path.expanduser(plan["security"]["controller_dir"]))
+    found = [p.read_text().strip() for p in root.rglob("*.password")]
+    found += [line for p in root.rglob("*.key") for line in p.read_text().splitlines() if "PRIVATE KEY" not in line]
+    assert len(found) >= 3, f"no secrets under {root}"
+    return [s for s in found if len(s) >= 16]
+
+
+def _nats_answer(address: str, port: int, ca: Path | None, cert: tuple[Path, Path] | None = None) -> str:
+    """What NATS says to a client that sends CONNECT in plain text (``ca`` None) or after a TLS handshake
+    that trusts the deployment's CA and presents ``cert`` (certificate, key) or no certificate."""
+    with socket.create_connection((address, port), timeout=5) as sock:
+        info = sock.recv(4096).decode(errors="replace")
+        assert '"tls_required":true' in info, info
+        if ca is None:
+            sock.sendall(b"CONNECT {}\r\nPING\r\n")
+            return sock.recv(4096).decode(errors="replace")
+        context = ssl.create_default_context(cafile=str(ca))
+        context.check_hostname = False
+        if cert is not None:
+            context.load_cert_chain(str(cert[0]), str(cert[1]))
+        try:
+            with context.wrap_socket(sock, server_hostname=address) as tls:
+                tls.sendall(b"CONNECT {}\r\nPING\r\n")
+                return tls.recv(4096).decode(errors="replace") or "closed"
+        except (ssl.SSLError, OSError) as err:
+            return f"refused: {err}"
+
+
+def test_control_plane_refuses_clients_without_credentials(site: Site, request: pytest.FixtureRequest) -> None:
+    """A forged slot record is refused: without credentials (from a node of the deployment and from outside it),
+    and with the engines' own identity; NATS refuses a client without TLS and one without a certificate."""
+    site.need("converged")
+    plan = site.plan()
+    etcd = plan["infra"]["etcd_endpoints"].split(",")[0]
+    forged = f"/shadowline/{DEPLOYMENT}/slots/0"
+    rc, output = host_rc("node1", f"etcdctl --endpoints={etcd} --command-timeout=5s put {forged} forged")
+    assert rc != 0 and "user name is empty" in output, f"an unauthenticated write from node1: rc {rc} {output}"
+    key = base64.b64encode(forged.encode()).decode()
+    status, body = http("POST", f"{etcd}/v3/kv/put", {"key": key, "value": "Zm9yZ2Vk"})
+    # from outside the deployment the firewall drops it (status 0); were it let through, etcd refuses it
+    assert status in (0, 400, 401, 403), f"an unauthenticated write from outside: {status} {body}"
+    env = dict(line.split("=", 1) for line in host_sh("node0", f"cat {plan['security']['dir']}/dynamo.env").split())
+    engine_auth = f"{env['ETCD_AUTH_USERNAME']}:{env['ETCD_AUTH_PASSWORD']}"
+    rc, output = host_rc("node1", f"ETCDCTL_USER='{engine_auth}' etcdctl --endpoints={etcd} --command-timeout=5s "
+                                  f"put {forged} forged")
+    assert rc != 0 and "permission denied" in output, f"the engines' identity wrote a slot: rc {rc} {output}"
+    address, port = plan["infra"]["nats_server"].split(",")[0].removeprefix("tls://").rsplit(":", 1)
+    plain = _nats_answer(address, int(port), None)
+    assert "PONG" not in plain and (plain == "" or "-ERR" in plain), f"NATS served a plain-text client: {plain!r}"
+    ca = Path(os.path.expanduser(plan["security"]["controller_dir"])) / "pki" / "ca.crt"
+    anonymous = _nats_answer(address, int(port), ca)
+    assert "PONG" not in anonymous, f"NATS served a client without a certificate: {anonymous!r}"
+    other = site.tmp / "another-deployment"  # a CA and a client certificate of another deployment
+    ensure_pki(str(other), "other", [("node1", plan["nodes"][1]["address"])], [])
+    foreign = _nats_answer(address, int(port), ca, (other / "hosts/node1/client.crt", other / "hosts/node1/client.key"))
+    assert "PONG" not in foreign, f"NATS served another deployment's certificate: {foreign!r}"
+    mine = Path(os.path.expanduser(plan["security"]["controller_dir"])) / "pki" / "controller"
+    own = _nats_answer(address, int(port), ca, (mine / "client.crt", mine / "client.key"))
+    assert "PONG" in own, f"NATS refused the deployment's own certificate: {own!r}"
+    say(request, f"control plane: etcd refused a forged slot (no credentials; engines' identity), NATS refused "
+                 f"plain text ({plain.strip()[:40] or 'closed'!r}) and a client without a certificate ({anonymous[:60]!r})")
+
+
+def test_no_secret_in_output_units_logs_or_plan(site: Site) -> None:
+    """No password or key appears in the playbook's output, a unit file, the hosts' journals or plan.json; every
+    credential file on a host is 0600 (certificates 0644) and owned by the user that reads it."""
+    site.need("converged")
+    assert site.first is not None
+    plan = site.plan()
+    secrets = _secrets_of(plan)
+    assert not [s for s in secrets if s in site.first.output], "a secret is in site.yml's output"
+    for host in HOSTS:
+        files = host_sh(host, "cat /etc/systemd/system/shadowline-demo-* /etc/systemd/system/shadowline-demo-*.d/* "
+                              f"{plan['config_dir']}/plan.json {plan['config_dir']}/*.conf 2>/dev/null; true")
+        journal = host_sh(host, "journalctl --no-pager -q -o cat 2>/dev/null | tail -n 20000; true", timeout=120)
+        leaked = [s[:6] + "..." for s in secrets if s in files or s in journal]
+        assert not leaked, f"{host}: secrets in unit files, plan.json or the journal: {leaked}"
+        modes = dict(line.split(" ", 1)[::-1] for line in
+                     host_sh(host, f"stat -c '%a:%U %n' {plan['security']['dir']}/*").splitlines())
+        for path, mode in modes.items():
+            expected = "644" if path.endswith(".crt") else "600"
+            assert mode.split(":")[0] == expected, f"{host}: {path} is {mode}"
+            if path.endswith(("client.key", "server.key")):
+                assert mode.endswith(":" + plan["service_user"]), f"{host}: {path} is {mode}"
+            elif not path.endswith(".crt"):
+                assert mode.endswith(":root"), f"{host}: {path} is {mode}"
+
+
+OUTSIDER = "198.18.4.250"  # an address of this machine on instance 4's bridge that is no host of the deployment
+
+
+@contextlib.contextmanager
+def outsider_address() -> Iterator[str]:
+    """A second address on the testbed's bridge for the test's connections: the bridge's own address is in
+    gms_firewall_allow (the testbed inventory: the machine's tests and benchmarks reach every port)."""
+    bridge = "slbr4"
+    subprocess.run(["ip", "addr", "add", f"{OUTSIDER}/32", "dev", bridge], check=True, capture_output=True)
+    try:
+        yield OUTSIDER
+    finally:
+        subprocess.run(["ip", "addr", "del", f"{OUTSIDER}/32", "dev", bridge], check=False, capture_output=True)
+
+
+def _dropped(address: str, port: int, source: str, payload: bytes = b"") -> bool:
+    """Whether a connection from ``source`` to ``address:port`` is dropped (times out) rather than answered or
+    refused; with ``payload``, what an accepted connection would have been sent."""
+    try:
+        with socket.create_connection((address, port), timeout=2, source_address=(source, 0)) as sock:
+            sock.sendall(payload)
+    except TimeoutError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def test_firewall_keeps_outsiders_off_the_engines_ports(site: Site, request: pytest.FixtureRequest) -> None:
+    """The deployment's nftables table: from an address outside the deployment, the engines' system port (a POST
+    to /engine/control/sleep included) and master port, the agent's metrics, etcd and NATS are dropped; the
+    frontend answers; from a node, the system port answers."""
+    site.need("converged")
+    plan = site.plan()
+    leader = plan["nodes"][0]["address"]
+    ports = plan["cohorts"][0]["ports"]
+    sleep = f"POST /engine/control/sleep HTTP/1.1\r\nHost: {leader}\r\nContent-Length: 2\r\n\r\n{{}}".encode()
+    protected = (ports["system"], ports["master"], plan["ports"]["agent_metrics"], plan["ports"]["etcd_client"],
+                 plan["ports"]["nats"])
+    with outsider_address() as outsider:
+        assert _dropped(leader, ports["system"], outsider, sleep), "an engine's control endpoint took an outsider"
+        for port in protected:
+            assert _dropped(leader, port, outsider), f"port {port} of {leader} is reachable from {outsider}"
+        assert not _dropped(leader, plan["ports"]["frontend"], outsider), "the frontend must stay reachable"
+    rc, output = host_rc("node1", f"python3 -c \"import socket; socket.create_connection(('{leader}', "
+                                  f"{ports['system']}), 3)\"")
+    assert rc == 0, f"node1 cannot reach node0's system port: {output}"
+    table = host_sh("node0", f"nft list table inet shadowline_{DEPLOYMENT}")
+    assert "tcp dport @protected drop" in table, table
+    say(request, f"firewall: {OUTSIDER} dropped on {leader} ports {', '.join(map(str, protected))}; "
+                 f"node1 reaches {ports['system']}")
+
+
+EXPOSURE_LIMITS = {"etcd": 3.0, "nats": 3.0, "frontend": 3.0, "gms": 3.0, "engine@0": 4.0, "agent": 5.0}
+
+
+def test_units_are_sandboxed(site: Site, request: pytest.FixtureRequest) -> None:
+    """`systemd-analyze security` inside node0: infra and GMS units at most 3.0, engines 4.0, the agent 5.0."""
+    site.need("converged")
+    figures = {}
+    for kind in EXPOSURE_LIMITS:
+        out = host_sh("node0", f"systemd-analyze security --no-pager shadowline-demo-{kind}.service | tail -n 1")
+        match = re.search(r"exposure level for \S+: ([0-9.]+)", out)
+        assert match, out
+        figures[kind] = float(match.group(1))
+    say(request, "systemd-analyze security on node0: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
+    assert all(figures[k] <= limit for k, limit in EXPOSURE_LIMITS.items()), figures
+
+
 # -- 3. a second run changes nothing ---------------------------------------------------------------------------- #
 
 def test_second_run_changes_nothing(site: Site, request: pytest.FixtureRequest) -> None:
@@ -238,6 +409,9 @@ SHADOW_CHANGE_TASKS = {  # what may change when only shadows change
     "shadowline.gms.agent : Install the cohort plan the agent follows and the agent unit",
     "shadowline.gms.agent : Start the agent",
     "shadowline.gms.agent : Restart agent",
+    # the host firewall follows the ports (cohort 1's master port moved, cohort 2's ports went): reloaded in place
+    "shadowline.gms.base : Install the firewall's rules and unit",
+    "shadowline.gms.base : Load the firewall (again when its rules changed)",
 }
 
 
@@ -294,6 +468,8 @@ def test_teardown_leaves_nothing(site: Site) -> None:
         assert files.strip() == "", f"{host}: left files {files.split()}"
         assert unit_states(host, DEPLOYMENT) == {}, f"{host}: units still loaded: {unit_states(host, DEPLOYMENT)}"
         assert deployment_processes(host, DEPLOYMENT) == [], f"{host}: processes left"
+        tables = host_sh(host, "nft list tables 2>/dev/null; true")
+        assert f"shadowline_{DEPLOYMENT}" not in tables, f"{host}: the firewall's table is left: {tables}"
         now = listeners(host)
         assert now == site.baseline_listeners[host], \
             f"{host}: listening after teardown {now}, before the deployment {site.baseline_listeners[host]}"

@@ -33,11 +33,11 @@ def expectations(case: str) -> list[str]:
     return [line.split("# expect: ", 1)[1] for line in lines if line.startswith("# expect: ")]
 
 
-def run_preflight(inventory: Path) -> subprocess.CompletedProcess[str]:
+def run_preflight(inventory: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_FORCE_COLOR": "0", "PYTHONWARNINGS": "ignore"}
     bindir = Path(sys.executable).parent
-    return subprocess.run([str(bindir / "ansible-playbook"), "-i", str(inventory), "playbooks/preflight.yml"],
+    return subprocess.run([str(bindir / "ansible-playbook"), "-i", str(inventory), "playbooks/preflight.yml", *extra],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
@@ -105,3 +105,15 @@ def test_local_inventory_passes_and_changes_nothing() -> None:
     assert "preflight passed for deployment local" in output
     assert "changed=0" in output
     assert snapshot() == before
+
+
+def test_insecure_is_said_loudly() -> None:
+    """gms_insecure: true passes preflight with a warning that says what is exposed (issue #13); the default
+    (secure) says nothing of the kind."""
+    insecure = run_preflight(ROOT / "inventories" / "local", "-e", "gms_insecure=true")
+    output = " ".join((insecure.stdout + insecure.stderr).split())
+    assert insecure.returncode == 0, output
+    assert "[WARNING]: gms_insecure is true: deployment local runs etcd without authentication" in output
+    assert "forge slot records" in output
+    secure = run_preflight(ROOT / "inventories" / "local")
+    assert "gms_insecure is true" not in secure.stdout + secure.stderr

@@ -162,6 +162,9 @@ def test_yaml_and_ansible_inventories_render_the_same(tmp_path):
     ({"container_runtime": "docker"}, "gms_slurm.container_runtime", "pyxis, apptainer"),
     ({"stop_grace_s": 0}, "gms_slurm.stop_grace_s", "1..3600"),
     ({"output": "logs/%j.out"}, "gms_slurm.output", "gms_slurm.output_dir"),
+    ({"extra_sbatch": ["--constraint=h100 --uid=0"]}, "gms_slurm.extra_sbatch", "no spaces"),
+    ({"extra_sbatch": ["--comment=a\n#SBATCH --uid=0"]}, "gms_slurm.extra_sbatch", "no spaces"),
+    ({"extra_sbatch": ["--comment=a\tb"]}, "gms_slurm.extra_sbatch", "no spaces"),
 ])
 def test_bad_options_name_the_field_and_the_fix(slurm, field, fix):
     context, problems = job_context(values(gms_slurm=slurm))
@@ -197,3 +200,25 @@ def test_watchdog_timeouts_come_from_gms_failover(tmp_path):
     script = render(tmp_path, shared).read_text()
     assert "--health-timeout 4 \\\n" in script and "--heartbeat-stall 5 \\\n" in script
     assert "--term-grace 0.5 \\\n" in script and "--stop-grace 30 \\\n" in script
+
+
+@pytest.mark.parametrize("expression", [
+    "{{ cycler.__init__.__globals__.os.system('touch PWNED') }}",
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ lipsum.__globals__['os'].popen('touch PWNED').read() }}",
+])
+def test_inventory_jinja_runs_in_a_sandbox(tmp_path, expression):
+    """An inventory is data: render refuses an expression that reaches Python internals, and nothing runs."""
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {
+        "gms_nodes": {"hosts": {"a": {"gms_node_rank": 0}}}}}}))
+    group = values(gms_engine={"backend": "dynamo_vllm", "nnodes": 1})
+    group["gms_python"] = expression
+    (inv / "group_vars" / "gms_nodes.yml").write_text(yaml.safe_dump(group))
+    for extra in ([], ["--no-ansible"]):
+        out = tmp_path / "job.sbatch"
+        proc = subprocess.run([sys.executable, str(RENDER), "-i", str(inv), "--out", str(out), *extra],
+                              capture_output=True, text=True, check=False, cwd=tmp_path)
+        assert proc.returncode != 0 and "gms_python" in proc.stderr and "unsafe" in proc.stderr, proc.stderr
+        assert not out.exists() and not (tmp_path / "PWNED").exists()

@@ -37,6 +37,9 @@ def _spec_defaults() -> dict[str, Any]:
         "gms_model_allow_pickle": fields["allow_pickle"],
         "gms_model_allow_unpinned": fields["allow_unpinned"],
         "gms_model_verify": fields["verify"],
+        "gms_insecure": False,
+        "gms_firewall_allow": [],
+        "gms_secrets_dir": contract.DEFAULT_SECRETS_DIR.format(deployment=PLACEHOLDER),
         # required, or computed from other variables
         "gms_deployment": NO_DEFAULT,
         "gms_node_rank": NO_DEFAULT,

@@ -154,3 +154,36 @@ def test_relaunch_backoff_must_not_exceed_its_maximum():
         "gms_failover.relaunch_backoff_max_s: is 2, below relaunch_backoff_s (10): the delay could never grow. "
         "Fix: set relaunch_backoff_max_s to at least relaunch_backoff_s."]
     assert problems_of(gms_failover={"relaunch_backoff_s": 2, "relaunch_backoff_max_s": 2}) == []
+
+
+@pytest.mark.parametrize("field, value", [
+    ("gms_node_address", '10.0.0.1"\nlisten: "0.0.0.0'),
+    ("gms_node_address", "10.0.0.1 10.0.0.2"),
+    ("gms_node_address", "-oProxyCommand=x"),
+    ("ansible_host", "node0\nEnvironment=X=1"),
+    ("gms_node_address", "gpu-01.example\r"),
+])
+def test_node_addresses_are_addresses_or_host_names(field, value):
+    """A quote, space or newline in an address would land in NATS's configuration and the units (issue #13)."""
+    hv, hosts = hostvars(2)
+    hv["node1"][field] = value
+    _unused, problems = parse_contract(hv, hosts)
+    assert [(p.field, p.host) for p in problems] == [(field, "node1")], problems
+    assert "neither an IP address nor a DNS host name" in problems[0].message and "IP address" in problems[0].fix
+
+
+def test_infra_and_frontend_addresses_are_checked():
+    hv, hosts = hostvars(1)
+    hv["infra0"] = {"ansible_host": "10.0.0.9'"}
+    _unused, problems = parse_contract(hv, hosts, ["infra0"])
+    assert [(p.field, p.host) for p in problems] == [("ansible_host", "infra0")]
+    assert problems_of(1, gms_frontend_bind="0.0.0.0 ") == [
+        "gms_frontend_bind: must be an address, got the string '0.0.0.0 '. Fix: set it to the infra node's cluster "
+        "address (or 0.0.0.0), or leave it unset for that default."]
+
+
+@pytest.mark.parametrize("value", ["10.0.0.5", "fd00::5", "gpu-01.cluster.example", "node_1", "localhost."])
+def test_plain_addresses_pass(value):
+    hv, hosts = hostvars(1)
+    hv["node0"]["gms_node_address"] = value
+    assert parse_contract(hv, hosts)[1] == []

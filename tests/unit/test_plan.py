@@ -65,7 +65,8 @@ def test_real_backend_command_matches_contract():
     assert env["FAILOVER_LOCK_PATH"] == "/run/shadowline/llama/gms/failover.lock"
     assert env["GMS_SOCKET_DIR"] == "/run/shadowline/llama/gms"
     assert env["ETCD_ENDPOINTS"] == "http://198.18.0.10:2379"
-    assert env["NATS_SERVER"] == "nats://198.18.0.10:4222"
+    assert env["NATS_SERVER"] == "tls://198.18.0.10:4222"  # TLS with the deployment's certificates
+    assert env["NATS_TLS_CLIENT_KEY_PATH"] == "/etc/shadowline/llama/secrets/client.key"
     assert env["ETCD_LEASE_TTL"] == "30"
     assert plan.gms_servers[0].argv[1:] == ("-m", "gpu_memory_service.cli.server")
     assert "SHADOWLINE_STANDIN_GPUS" not in env

@@ -33,6 +33,7 @@ from typing import Any
 from .. import console
 from ..deployment.plan import Plan
 from . import observe
+from .access import etcd_for
 from .agent_metrics import CONTENT_TYPE, AgentMetrics, MetricsUnavailable
 from .coordination import Coordination
 from .driver_duties import DriverDuties
@@ -219,9 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--host {args.host} is not a node of deployment {plan.deployment}")
     _lock = single_instance(plan.agent_lock_path(args.host))
     try:  # three clients: the loop's (writes), the feed's (reads), the lease's; each thread its own
-        endpoints = plan.infra.etcd_endpoints
-        agent = Agent(plan, args.host, Etcd(endpoints, timeout=2.0, deadline=2.5),
-                      Etcd(endpoints, timeout=2.0, deadline=3.0), Etcd(endpoints, timeout=2.0, deadline=2.5))
+        agent = Agent(plan, args.host, etcd_for(plan, 2.0, deadline=2.5), etcd_for(plan, 2.0, deadline=3.0),
+                      etcd_for(plan, 2.0, deadline=2.5))
     except MetricsUnavailable as err:
         console.err(err)
         return 2

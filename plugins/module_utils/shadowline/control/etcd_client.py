@@ -20,13 +20,14 @@ import base64
 import http.client
 import json
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from .http import open_direct
+from .http import direct_opener
 
 NOT_FOUND = 5  # gRPC status code etcd returns for an unknown lease
 
@@ -102,17 +103,73 @@ def _normalise(endpoint: str) -> str:
     return endpoint if "://" in endpoint else f"http://{endpoint}"
 
 
+class EtcdAuth(urllib.request.BaseHandler):
+    """etcd's authentication on the JSON gateway, as a urllib handler: every request carries the user's token
+    (``/v3/auth/authenticate``, fetched on first use); a request refused for an expired or unknown token (HTTP 401)
+    gets a new token and is sent once more. The password stays in this object (never in a URL, header of a log
+    line or exception message)."""
+
+    handler_order = 400
+
+    def __init__(self, user: str, password: str, context: ssl.SSLContext | None = None) -> None:
+        self.user = user
+        self._password = password
+        self._open = direct_opener(context)
+        self._tokens: dict[str, str] = {}  # per endpoint (a token is valid on the member that issued it)
+
+    def __repr__(self) -> str:
+        return f"EtcdAuth({self.user!r})"
+
+    def token(self, endpoint: str, timeout: float, fresh: bool = False) -> str:
+        if fresh or endpoint not in self._tokens:
+            body = json.dumps({"name": self.user, "password": self._password}).encode()
+            request = urllib.request.Request(endpoint + "/v3/auth/authenticate", data=body, method="POST",
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with self._open(request, timeout) as response:
+                    self._tokens[endpoint] = json.loads(response.read()).get("token") or ""
+            except urllib.error.HTTPError as err:
+                message = _error_body(err).get("message") or err.reason
+                raise urllib.error.HTTPError(err.url, err.code, f"etcd user {self.user}: {message}", err.headers,
+                                             None) from None
+        return self._tokens[endpoint]
+
+    @staticmethod
+    def _endpoint(request: urllib.request.Request) -> str:
+        return f"{request.type}://{request.host}"
+
+    def http_request(self, request: urllib.request.Request) -> urllib.request.Request:
+        if request.selector != "/v3/auth/authenticate":
+            timeout = getattr(request, "timeout", None) or 2.0
+            request.add_unredirected_header("Authorization", self.token(self._endpoint(request), timeout))
+        return request
+
+    https_request = http_request
+
+    def http_error_401(self, request: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any) -> Any:
+        if getattr(request, "_shadowline_retried", False) or self.parent is None:
+            return None  # the default handler raises the HTTPError
+        request._shadowline_retried = True  # type: ignore[attr-defined]
+        timeout = getattr(request, "timeout", None) or 2.0
+        request.add_unredirected_header("Authorization", self.token(self._endpoint(request), timeout, fresh=True))
+        return self.parent.open(request, timeout=timeout)
+
+
 class Etcd:
     """``timeout``: the longest one endpoint may take to answer; ``deadline``: the longest one call may take over
     every endpoint it tries (an unreachable member costs at most its share, never a sum of timeouts)."""
 
-    def __init__(self, endpoints: list[str] | str, timeout: float = 2.0, deadline: float = 3.0) -> None:
+    def __init__(self, endpoints: list[str] | str, timeout: float = 2.0, deadline: float = 3.0,
+                 ssl_context: ssl.SSLContext | None = None, auth: EtcdAuth | None = None) -> None:
         items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
         self.endpoints = [_normalise(e) for e in items if e and e.strip()]
         if not self.endpoints:
             raise EtcdError("no etcd endpoint given (expected e.g. http://10.0.0.1:2379)")
         self.timeout = timeout
         self.deadline = max(timeout, deadline)
+        self.ssl_context = ssl_context  # https:// endpoints: the deployment's CA and this client's certificate
+        self.auth = auth  # etcd's role-based access: the user this client acts as (control/access.py builds it)
+        self._open = direct_opener(ssl_context, *([auth] if auth else []))
         self._preferred = 0
 
     def __repr__(self) -> str:
@@ -138,7 +195,7 @@ class Etcd:
             request = urllib.request.Request(endpoint + path, data=data, method="POST",
                                              headers={"Content-Type": "application/json"})
             try:
-                with open_direct(request, min(self.timeout, remaining)) as response:
+                with self._open(request, min(self.timeout, remaining)) as response:
                     payload = response.read()
             except urllib.error.HTTPError as err:
                 error = _error_body(err)
@@ -274,7 +331,7 @@ class Etcd:
             if deadline - time.monotonic() <= 0:
                 break
             try:  # a slow member gets its whole timeout to start the stream; the wait for events is the caller's
-                response = open_direct(request, self.timeout)
+                response = self._open(request, self.timeout)
             except urllib.error.HTTPError as err:
                 raise EtcdError(f"etcd at {endpoint} refused a watch of {prefix!r}: "
                                 f"{_error_body(err).get('message') or err.reason}", endpoint) from None

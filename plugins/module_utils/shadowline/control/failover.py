@@ -15,9 +15,10 @@ import time
 from typing import Any
 
 from ..deployment.plan import Plan
+from .access import etcd_for
 from .cohort_state import lock_holder
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Slot
-from .etcd_client import Etcd, EtcdError
+from .etcd_client import EtcdError
 from .events import read_events
 from .lock import parse_holder
 
@@ -43,8 +44,8 @@ def plan_failover(plan: Plan, cohort: int, mode: str) -> dict[str, Any]:
         raise FailoverError(f"mode={mode!r}: planned or forced")
     if not plan.has_cohort(cohort):
         raise FailoverError(f"cohort {cohort} is not in the plan (cohorts 0..{len(plan.cohorts) - 1})")
-    coord = Coordination(Etcd(plan.infra.etcd_endpoints), plan.deployment)
     try:
+        coord = Coordination(etcd_for(plan), plan.deployment)
         slots = coord.slots()
     except EtcdError as err:
         raise FailoverError(f"etcd does not answer: {err}") from None

@@ -9,8 +9,10 @@ cluster). Stdlib only: the node daemons run outside Ansible, so ``ansible.module
 from __future__ import annotations
 
 import http.client
+import ssl
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -19,6 +21,19 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 def open_direct(request: urllib.request.Request | str, timeout: float) -> http.client.HTTPResponse:
     """Open a request to a deployment address, without any proxy; raises like urllib does."""
     return _DIRECT.open(request, timeout=timeout)
+
+
+Opener = Callable[[urllib.request.Request, float], http.client.HTTPResponse]
+
+
+def direct_opener(context: ssl.SSLContext | None = None, *handlers: urllib.request.BaseHandler) -> Opener:
+    """``open_direct`` with TLS settings (``context``: the CA and this client's certificate of an https://
+    address) and extra handlers (etcd's authentication, control/etcd_client.py)."""
+    if context is None and not handlers:
+        return open_direct
+    extra = [urllib.request.HTTPSHandler(context=context)] if context is not None else []
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), *extra, *handlers)
+    return lambda request, timeout: opener.open(request, timeout=timeout)
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,8 @@ from dataclasses import dataclass
 from .. import console
 from ..backends import BACKENDS
 from . import discovery
-from .etcd_client import Etcd, EtcdError
+from .access import etcd_from_env
+from .etcd_client import EtcdError
 from .http import http_get
 from .policy import HangPolicy
 from .proc import group_members, listening_ports, stopped
@@ -186,11 +187,10 @@ def exit_status(code: int) -> int:
 def revoke_registration(target: Target, ports: set[int]) -> list[int]:
     """Revoke the rank's discovery registration: the leases of its worker, matched by the ports its process
     group listened on (taken before the kill) or by its system port."""
-    endpoints = os.environ.get("ETCD_ENDPOINTS", "")
-    if not endpoints or not target.address:
+    etcd = etcd_from_env(timeout=1.0)
+    if etcd is None or not target.address:
         return []
     try:
-        etcd = Etcd(endpoints, timeout=1.0)
         found = discovery.worker_registrations(etcd, target.address, target.system_port, ports, target.model)
         return discovery.revoke_leases(etcd, [r.lease for r in found])
     except EtcdError as err:

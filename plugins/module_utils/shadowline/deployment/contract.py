@@ -7,6 +7,7 @@ raises on bad input. The cohort plan (plan.py) is computed from a Contract only.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from ..backends import NAMES as BACKENDS
 from ..model.errors import SpecError
 from ..model.spec import DEFAULT_FORMAT, FORMATS, MODEL_ID_RE, PINNED_RE, parse_source
+from .addresses import ADDRESS_FIX, address_problem
 from .problems import Problem
 from .values import Reader, as_bool, describe, suggest
 
@@ -90,6 +92,8 @@ DEFAULT_PYTHON = "/opt/shadowline/{deployment}/venv/bin/python"
 STATE_DIR = "/var/lib/shadowline/{deployment}"  # etcd and NATS data, the frontend's HOME, event logs
 CONFIG_DIR = "/etc/shadowline/{deployment}"
 DEFAULT_SERVICE_USER = "shadowline"
+# the controller's directory of a deployment's CA, certificates and passwords (gms_secrets_dir), never in a checkout
+DEFAULT_SECRETS_DIR = "~/.shadowline/secrets/{deployment}"
 
 # Flags shadowline sets itself from the plan; a user who puts them in extra_args would fight the plan.
 MANAGED_FLAGS = {
@@ -107,7 +111,7 @@ KNOWN_VARIABLES = [
     "gms_socket_dir", "gms_lock_path", "gms_python", "gms_service_user", "gms_memory", "gms_frontend_bind",
     "gms_model_allow_unpinned", "gms_model_allow_pickle", "gms_model_verify", "gms_model_hf_token_file",
     "gms_failover", "gms_slurm",
-    "gms_monitoring",
+    "gms_monitoring", "gms_insecure", "gms_secrets_dir", "gms_firewall_allow",
 ]
 # Shared variables must be the same on every node of a deployment.
 SHARED_VARIABLES = [v for v in KNOWN_VARIABLES if v not in ("gms_node_rank", "gms_node_address")]
@@ -215,6 +219,9 @@ class Contract:
     allow_pickle: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     monitoring: Monitoring | None = None
+    insecure: bool = False  # gms_insecure: etcd and NATS without authentication or TLS (an explicit opt-out)
+    secrets_dir: str = ""  # gms_secrets_dir on the controller (absolute, ~ expanded by the controller's plugins)
+    firewall_allow: tuple[str, ...] = ()  # gms_firewall_allow: more sources the host firewall lets in
 
     @property
     def leader(self) -> Node:
@@ -291,6 +298,9 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
     allow_unpinned = read.boolean("gms_model_allow_unpinned", shared.get("gms_model_allow_unpinned", False))
     allow_pickle = read.boolean("gms_model_allow_pickle", shared.get("gms_model_allow_pickle", False))
     service_user = read.string("gms_service_user", shared.get("gms_service_user", DEFAULT_SERVICE_USER), "shadowline")
+    insecure = read.boolean("gms_insecure", shared.get("gms_insecure", False))
+    secrets_dir = _secrets_dir(read, shared.get("gms_secrets_dir"), deployment)
+    firewall_allow = _firewall_allow(read, shared.get("gms_firewall_allow", []))
 
     socket_dir = shared.get("gms_socket_dir") or (default_socket_dir(deployment) if deployment else None)
     socket_dir = _absolute_path(read, "gms_socket_dir", socket_dir) if socket_dir else None
@@ -305,9 +315,9 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
     infra = _parse_infra(read, hostvars, nodes, infra_hosts or [])
     monitoring = _parse_monitoring(read, shared.get("gms_monitoring"), nodes, infra)
     frontend_bind = shared.get("gms_frontend_bind")
-    if frontend_bind is not None and not (isinstance(frontend_bind, str) and frontend_bind.strip()):
+    if frontend_bind is not None and address_problem(frontend_bind, placeholder_ok=False) is not None:
         read.problem("gms_frontend_bind", f"must be an address, got {describe(frontend_bind)}.",
-                     "set it to the infra node's cluster address, or leave it unset for that default.")
+                     "set it to the infra node's cluster address (or 0.0.0.0), or leave it unset for that default.")
         frontend_bind = None
 
     if engine is not None and nodes is not None:
@@ -325,9 +335,36 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         service_user=service_user, memory=memory, frontend_bind=str(frontend_bind or infra[0].address),
         failover=failover,
         allow_unpinned=bool(allow_unpinned), allow_pickle=bool(allow_pickle),
-        monitoring=monitoring,
+        monitoring=monitoring, insecure=bool(insecure), secrets_dir=secrets_dir or "",
+        firewall_allow=tuple(firewall_allow or ()),
     )
     return contract, problems
+
+
+def _firewall_allow(read: Reader, value: Any) -> list[str] | None:
+    """gms_firewall_allow: IP addresses or networks (CIDR) that may reach the deployment's protected ports too."""
+    items = read.string_list("gms_firewall_allow", value, "['10.0.0.0/24', '192.168.1.5']")
+    out = []
+    for item in items or []:
+        try:
+            out.append(str(ipaddress.ip_network(item.strip(), strict=False)))
+        except ValueError:
+            read.problem("gms_firewall_allow", f"{item!r} is not an IP address or network.",
+                         "list addresses or networks in CIDR form, such as 10.0.0.0/24 or 192.168.1.5.")
+            return None
+    return out
+
+
+def _secrets_dir(read: Reader, value: Any, deployment: str | None) -> str | None:
+    """gms_secrets_dir: a controller directory (absolute or ~/...), by default one per deployment in ~/.shadowline."""
+    if value is None:
+        return DEFAULT_SECRETS_DIR.format(deployment=deployment) if deployment else None
+    if isinstance(value, str) and value.startswith(("/", "~/")) and not any(c.isspace() for c in value):
+        return value.rstrip("/")
+    read.problem("gms_secrets_dir", f"must be an absolute path (or ~/...) on the controller, got {describe(value)}.",
+                 "leave it unset for ~/.shadowline/secrets/<deployment>, or name a private directory outside any "
+                 "checkout, such as /root/.shadowline/secrets/llama-70b.")
+    return None
 
 
 def _check_unknown_variables(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], problems: list[Problem]) -> None:
@@ -364,10 +401,8 @@ def _parse_nodes(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], pro
             read.problem("gms_node_rank", "is not set.", f"give {host} a gms_node_rank (0 for the leader node).")
             continue
         rank = read.integer("gms_node_rank", values["gms_node_rank"], minimum=0, example=0)
-        address = values.get("gms_node_address") or values.get("ansible_host") or host
-        if not isinstance(address, str):
-            read.problem("gms_node_address", f"must be a host name or address, got {describe(address)}.",
-                         "set gms_node_address (or ansible_host) to the node's cluster address.")
+        address = _address(read, values, host)
+        if address is None:
             continue
         if rank is not None:
             nodes.append(Node(host=host, rank=rank, address=address))
@@ -564,10 +599,23 @@ def _parse_infra(read: Reader, hostvars: dict[str, dict[str, Any]], nodes: list[
         if host in by_host:
             infra.append(by_host[host])
             continue
-        values = hostvars.get(host, {})
-        address = values.get("gms_node_address") or values.get("ansible_host") or host
-        infra.append(Node(host=host, rank=-1, address=str(address)))
+        address = _address(Reader(read.problems, host), hostvars.get(host, {}), host)
+        if address is None:
+            return None
+        infra.append(Node(host=host, rank=-1, address=address))
     return infra
+
+
+def _address(read: Reader, values: dict[str, Any], host: str) -> str | None:
+    """A host's cluster address (gms_node_address, else ansible_host, else its inventory name), checked."""
+    field_name = next((f for f in ("gms_node_address", "ansible_host") if values.get(f)), "gms_node_address")
+    address = values.get(field_name) or host
+    wrong = address_problem(address)
+    if wrong is not None:
+        read.problem(field_name, wrong, f"{ADDRESS_FIX}: it is written into etcd's, NATS's and the units' "
+                     "configuration.")
+        return None
+    return address
 
 
 def _parse_monitoring(read: Reader, value: Any, nodes: list[Node] | None,

@@ -69,6 +69,54 @@ class CohortPlan:
 
 
 @dataclass(frozen=True)
+class Security:
+    """How the deployment's control plane is closed (docs/security.md); the paths are on every host.
+
+    etcd: role-based access with a password per identity (agents: the deployment's coordination keys and
+    Dynamo's discovery keys; Dynamo's engines and frontend: the discovery keys only). Dynamo 1.6.1's etcd client
+    has no TLS (an https:// endpoint fails with HttpsUriWithoutTlsSupport), so etcd's transport stays plain.
+    NATS: TLS with client certificates of the deployment's CA, required of every client.
+    ``insecure`` (gms_insecure: true): neither; every run warns. No secret is in the plan: only file paths.
+    """
+    insecure: bool
+    dir: str  # on every host: <config_dir>/secrets (root:<service user> 0750)
+    controller_dir: str  # gms_secrets_dir on the controller: the CA, every certificate and password
+    firewall_allow: tuple[str, ...] = ()  # gms_firewall_allow: sources the host firewall lets in besides the hosts
+
+    @property
+    def ca(self) -> str:
+        return f"{self.dir}/ca.crt"
+
+    @property
+    def client_cert(self) -> str:
+        return f"{self.dir}/client.crt"
+
+    @property
+    def client_key(self) -> str:
+        return f"{self.dir}/client.key"
+
+    @property
+    def server_cert(self) -> str:
+        return f"{self.dir}/server.crt"
+
+    @property
+    def server_key(self) -> str:
+        return f"{self.dir}/server.key"
+
+    @property
+    def dynamo_env(self) -> str:
+        """EnvironmentFile of the engines and the frontend: ETCD_AUTH_USERNAME/PASSWORD (root 0600; systemd reads it)."""
+        return f"{self.dir}/dynamo.env"
+
+    def password_file(self, user: str) -> str:
+        """The password of etcd user ``user`` (root, agent) on a host (root 0600)."""
+        return f"{self.dir}/etcd-{user}.password"
+
+
+ETCD_USERS = ("root", "agent", "dynamo")  # the deployment's etcd identities (control/access.py grants them)
+
+
+@dataclass(frozen=True)
 class InfraPlan:
     hosts: tuple[Node, ...]
     etcd_endpoints: str
@@ -101,6 +149,12 @@ class Plan:
     python: str  # the runtime's interpreter on every node (engines, GMS server, frontend, agent)
     extra: dict[str, Any] = field(default_factory=dict)  # keys a newer plan carries that this code does not know
     monitoring: Monitoring | None = None  # gms_monitoring: Prometheus's host and settings (deployment/monitoring.py)
+    security: Security | None = None  # None: a plan from before security (or a Slurm job's): plain, like insecure
+
+    @property
+    def secure(self) -> bool:
+        """Whether etcd wants credentials and NATS TLS (the default; gms_insecure: true turns both off)."""
+        return self.security is not None and not self.security.insecure
 
     # --- the one boundary: data for Ansible (the gms_plan fact, plan.json) and back ---------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -222,6 +276,11 @@ def _process(data: dict[str, Any]) -> Process:
                    files=dict(data.get("files") or {}))
 
 
+def _security(data: dict[str, Any]) -> Security:
+    known = _known(Security, data)
+    return Security(**{**known, "firewall_allow": tuple(known.get("firewall_allow") or ())})
+
+
 def _node(data: dict[str, Any]) -> Node:
     return Node(host=data["host"], rank=int(data["rank"]), address=data["address"])
 
@@ -253,6 +312,7 @@ def _plan_from_dict(data: dict[str, Any]) -> Plan:
         python=data.get("python") or gms_servers[0].argv[0],
         extra={k: v for k, v in data.items() if k not in known},
         monitoring=Monitoring(**_known(Monitoring, data["monitoring"])) if data.get("monitoring") else None,
+        security=_security(data["security"]) if data.get("security") else None,
     )
 
 
@@ -261,9 +321,11 @@ def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str
     /etc/shadowline/<dep>); a Slurm job passes node-local directories of its own."""
     dirs = _Dirs(state=state_dir or STATE_DIR.format(deployment=contract.deployment),
                  config=config_dir or CONFIG_DIR.format(deployment=contract.deployment))
-    infra = _infra_plan(contract, dirs)
+    security = Security(insecure=contract.insecure, dir=f"{dirs.config}/secrets", controller_dir=contract.secrets_dir,
+                        firewall_allow=contract.firewall_allow)
+    infra = _infra_plan(contract, dirs, security)
     gms_servers = tuple(_gms_server(contract, node) for node in contract.nodes)
-    cohorts = tuple(_cohort_plan(contract, infra, cohort) for cohort in range(contract.cohorts))
+    cohorts = tuple(_cohort_plan(contract, infra, security, cohort) for cohort in range(contract.cohorts))
     return Plan(
         deployment=contract.deployment, backend=contract.engine.backend,
         state_dir=dirs.state, config_dir=dirs.config, service_user=contract.service_user,
@@ -271,7 +333,7 @@ def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str
         failover=contract.failover, model_id=contract.model.id,
         model_dir=contract.model.local_dir, revision=contract.model.revision, socket_dir=contract.socket_dir,
         lock_path=contract.lock_path, nodes=contract.nodes, infra=infra, gms_servers=gms_servers, cohorts=cohorts,
-        python=contract.python, monitoring=contract.monitoring,
+        python=contract.python, monitoring=contract.monitoring, security=security,
     )
 
 
@@ -281,15 +343,16 @@ class _Dirs:
     config: str  # NATS configuration, plan.json
 
 
-def _infra_plan(contract: Contract, dirs: _Dirs) -> InfraPlan:
+def _infra_plan(contract: Contract, dirs: _Dirs, security: Security) -> InfraPlan:
     ports = contract.ports
     etcd = ",".join(f"http://{n.address}:{ports.etcd_client}" for n in contract.infra_hosts)
-    nats = ",".join(f"nats://{n.address}:{ports.nats}" for n in contract.infra_hosts)
+    scheme = "nats" if security.insecure else "tls"  # Dynamo wants tls:// whenever NATS_TLS_* is set
+    nats = ",".join(f"{scheme}://{n.address}:{ports.nats}" for n in contract.infra_hosts)
     first = contract.infra_hosts[0]
     argv = (contract.python, "-m", "dynamo.frontend", "--http-host", contract.frontend_bind,
             "--http-port", str(ports.frontend), "--migration-limit", str(FRONTEND_MIGRATION_LIMIT))
     env = {
-        **_discovery_env(etcd, nats),
+        **_discovery_env(etcd, nats, security),
         "ETCD_LEASE_TTL": str(contract.engine.lease_ttl_s),  # the engines' etcd outage tolerance, the frontend's too
         "DYN_TCP_RESPONSE_STREAM_HOST": first.address,
         "HF_HUB_OFFLINE": "1",
@@ -300,7 +363,7 @@ def _infra_plan(contract: Contract, dirs: _Dirs) -> InfraPlan:
                      frontend_url=f"http://{_reachable(contract.frontend_bind, first.address)}:{ports.frontend}",
                      frontend=Process(host=first.host, argv=argv, env=env),
                      etcd=tuple(_etcd_member(contract, dirs, node) for node in contract.infra_hosts),
-                     nats=tuple(_nats_server(contract, dirs, node) for node in contract.infra_hosts))
+                     nats=tuple(_nats_server(contract, dirs, security, node) for node in contract.infra_hosts))
 
 
 def _reachable(bind: str, address: str) -> str:
@@ -328,27 +391,37 @@ def _etcd_member(contract: Contract, dirs: _Dirs, node: Node) -> Process:
     return Process(host=node.host, argv=argv, env={})
 
 
-def _nats_server(contract: Contract, dirs: _Dirs, node: Node) -> Process:
-    """NATS with JetStream; client port on the node's address, monitoring on loopback only."""
+def _nats_server(contract: Contract, dirs: _Dirs, security: Security, node: Node) -> Process:
+    """NATS with JetStream; client port on the node's address, monitoring on loopback only; unless insecure, TLS
+    with a certificate of the deployment's CA required of every client and route."""
     ports = contract.ports
     config_path = f"{dirs.config}/nats-server.conf"
+    tls = ("" if security.insecure else
+           f'tls {{ cert_file: "{security.server_cert}", key_file: "{security.server_key}", '
+           f'ca_file: "{security.ca}", verify: true, timeout: 2 }}')
     lines = [
         f'server_name: "{node.host}"',
         f'listen: "{node.address}:{ports.nats}"',
         f'http: "127.0.0.1:{ports.nats_monitor}"',
         f'jetstream {{ store_dir: "{nats_store_dir(dirs.state)}" }}',
-    ]
+    ] + ([tls] if tls else [])
     if len(contract.infra_hosts) > 1:
         routes = ", ".join(f'"nats-route://{n.address}:{ports.nats_cluster}"' for n in contract.infra_hosts)
         lines.append(f'cluster {{ name: "shadowline-{contract.deployment}", '
-                     f'listen: "{node.address}:{ports.nats_cluster}", routes: [{routes}] }}')
+                     f'listen: "{node.address}:{ports.nats_cluster}", routes: [{routes}] {tls} }}')
     return Process(host=node.host, argv=("/usr/sbin/nats-server", "-c", config_path), env={},
                    files={config_path: "\n".join(lines) + "\n"})
 
 
-def _discovery_env(etcd_endpoints: str, nats_server: str) -> dict[str, str]:
-    """How every Dynamo client (frontend, engines, agent, Slurm steps) reaches etcd and NATS."""
-    return {"ETCD_ENDPOINTS": etcd_endpoints, "NATS_SERVER": nats_server}
+def _discovery_env(etcd_endpoints: str, nats_server: str, security: Security) -> dict[str, str]:
+    """How every Dynamo client (frontend, engines, agent, Slurm steps) reaches etcd and NATS: the endpoints and,
+    unless insecure, the paths of NATS's TLS files. etcd's password is no part of it: the units read it from
+    ``security.dynamo_env`` (ETCD_AUTH_USERNAME/PASSWORD), so it is never in a unit file or the plan."""
+    env = {"ETCD_ENDPOINTS": etcd_endpoints, "NATS_SERVER": nats_server}
+    if not security.insecure:
+        env.update(NATS_TLS_CA_CERT_PATH=security.ca, NATS_TLS_CLIENT_CERT_PATH=security.client_cert,
+                   NATS_TLS_CLIENT_KEY_PATH=security.client_key)
+    return env
 
 
 def _gms_server(contract: Contract, node: Node) -> Process:
@@ -362,14 +435,15 @@ def _backend_env(contract: Contract, node: Node) -> dict[str, str]:
     return backend(contract.engine.backend).node_env(contract.deployment, node.host, contract.engine.gpus_per_node)
 
 
-def _cohort_plan(contract: Contract, infra: InfraPlan, cohort: int) -> CohortPlan:
+def _cohort_plan(contract: Contract, infra: InfraPlan, security: Security, cohort: int) -> CohortPlan:
     ports = cohort_ports(contract.ports, cohort)
-    ranks = tuple(_rank_plan(contract, infra, cohort, ports, node) for node in contract.nodes)
+    ranks = tuple(_rank_plan(contract, infra, security, cohort, ports, node) for node in contract.nodes)
     return CohortPlan(cohort=cohort, engine_id=cohort, role="primary" if cohort == 0 else "shadow",
                       ports=ports, ranks=ranks)
 
 
-def _rank_plan(contract: Contract, infra: InfraPlan, cohort: int, ports: CohortPorts, node: Node) -> RankPlan:
+def _rank_plan(contract: Contract, infra: InfraPlan, security: Security, cohort: int, ports: CohortPorts,
+               node: Node) -> RankPlan:
     engine = contract.engine
     headless = node.rank != 0
     argv = [contract.python, "-m", backend(engine.backend).engine_module,
@@ -389,7 +463,7 @@ def _rank_plan(contract: Contract, infra: InfraPlan, cohort: int, ports: CohortP
         "DYN_VLLM_GMS_SHADOW_MODE": "true",
         "FAILOVER_LOCK_PATH": contract.lock_path,
         "GMS_SOCKET_DIR": contract.socket_dir,
-        **_discovery_env(infra.etcd_endpoints, infra.nats_server),
+        **_discovery_env(infra.etcd_endpoints, infra.nats_server, security),
         "ETCD_LEASE_TTL": str(engine.lease_ttl_s),
         "DYN_SYSTEM_PORT": str(ports.system),
         "DYN_SYSTEM_HOST": node.address,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from .plan import Plan, Process, on_host
 
+# The one home of the units' sandboxing (docs/security.md has each unit's `systemd-analyze security` figure).
+# Every unit: the file system read-only but for its ReadWritePaths, no privilege gain, kernel and cgroups closed.
 HARDENING = (
     ("NoNewPrivileges", "yes"),
     ("ProtectSystem", "strict"),
@@ -18,10 +20,53 @@ HARDENING = (
     ("PrivateTmp", "yes"),
     ("ProtectKernelTunables", "yes"),
     ("ProtectKernelModules", "yes"),
+    ("ProtectKernelLogs", "yes"),
     ("ProtectControlGroups", "yes"),
+    ("ProtectClock", "yes"),
+    ("ProtectHostname", "yes"),
     ("RestrictSUIDSGID", "yes"),
+    ("RestrictRealtime", "yes"),
+    ("RestrictNamespaces", "yes"),
     ("LockPersonality", "yes"),
+    ("SystemCallArchitectures", "native"),
+    ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6 AF_NETLINK"),  # NETLINK: Dynamo looks up its address
 )
+# Services of the unprivileged service user (GMS server, engines, etcd, NATS, frontend): no capability at all,
+# no privileged or debugging system calls. Kept open for the GPU processes: the devices (/dev/nvidia*) and
+# W+X memory (CUDA and Triton JIT).
+UNPRIVILEGED = (
+    ("CapabilityBoundingSet", ""),
+    ("AmbientCapabilities", ""),
+    ("RemoveIPC", "yes"),
+    ("UMask", "0027"),
+    ("SystemCallFilter", "~@clock @cpu-emulation @debug @module @mount @obsolete @raw-io @reboot @swap"),
+    ("SystemCallErrorNumber", "EPERM"),
+)
+# The infra services (etcd, NATS, the frontend) need no device, see no other process and make only the system
+# calls of an ordinary service; etcd and NATS (Go, no JIT) never map memory writable and executable.
+INFRA = (
+    ("PrivateDevices", "yes"),
+    ("DevicePolicy", "closed"),
+    ("ProtectProc", "invisible"),
+    ("ProcSubset", "pid"),
+    ("SystemCallFilter", "@system-service"),
+    ("SystemCallFilter", "~@privileged @resources"),
+)
+NO_JIT = (("MemoryDenyWriteExecute", "yes"),)
+# The agent stays root (it starts and stops units through systemd, signals and reads the engines' processes,
+# kills their cgroups) with only the capabilities that takes.
+AGENT = (
+    ("CapabilityBoundingSet", "CAP_KILL CAP_SYS_PTRACE CAP_DAC_OVERRIDE CAP_DAC_READ_SEARCH CAP_FOWNER CAP_CHOWN"),
+    ("SystemCallFilter", "~@clock @cpu-emulation @module @mount @obsolete @raw-io @reboot @swap"),
+    ("SystemCallErrorNumber", "EPERM"),
+)
+
+
+def hardening(*tiers: tuple[tuple[str, str], ...]) -> list[str]:
+    """The sandboxing lines of a unit: the common block, then each tier's."""
+    return [f"{k}={v}" for k, v in HARDENING + tuple(item for tier in tiers for item in tier)]
+
+
 LIMITS = (("LimitNOFILE", "1048576"), ("LimitMEMLOCK", "infinity"))
 
 
@@ -46,8 +91,8 @@ def exec_start(argv: tuple[str, ...] | list[str]) -> str:
 
 
 def service_unit(description: str, process: Process, read_write: list[str], *, user: str | None,  # noqa: PLR0913 (keyword-only settings of one unit)
-                 after: list[str], restart: str, extra: tuple[str, ...] = (), unit_extra: tuple[str, ...] = (),
-                 service_type: str = "exec") -> str:
+                 after: list[str], restart: str, extra: tuple[str, ...] = (),
+                 sandbox: tuple[tuple[tuple[str, str], ...], ...] = (UNPRIVILEGED,), service_type: str = "exec") -> str:
     """A hardened service unit running ``process`` verbatim (every long-running process of a deployment but the
     engines, whose template unit is engine_template)."""
     unit = [
@@ -56,7 +101,7 @@ def service_unit(description: str, process: Process, read_write: list[str], *, u
         "After=network-online.target " + " ".join(after),
         "Wants=network-online.target",
     ]
-    unit += list(unit_extra)
+    unit += ["StartLimitIntervalSec=0"] if restart == "always" else []  # restarted however often it fails
     unit += ["", "[Service]", f"Type={service_type}"]
     if user:
         unit += [f"User={user}", f"Group={user}"]
@@ -64,7 +109,7 @@ def service_unit(description: str, process: Process, read_write: list[str], *, u
     unit.append(exec_start(process.argv))
     unit += [f"Restart={restart}"] + (["RestartSec=1"] if restart != "no" else [])
     unit += ["KillMode=control-group", *extra, "TimeoutStopSec=10"]
-    unit += [f"{k}={v}" for k, v in HARDENING + LIMITS]
+    unit += hardening(*sandbox) + [f"{k}={v}" for k, v in LIMITS]
     unit += [f"ReadWritePaths={' '.join(sorted(set(read_write)))}"] if read_write else []
     unit += ["", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(unit).replace("After=network-online.target \n", "After=network-online.target\n")
@@ -77,12 +122,14 @@ def gms_unit(plan: Plan, host: str) -> str:
 
 def etcd_unit(plan: Plan, host: str) -> str:
     return service_unit(f"shadowline {plan.deployment}: etcd member", on_host(plan.infra.etcd, host),
-                        [f"{plan.state_dir}/etcd"], user=plan.service_user, after=[], restart="on-failure")
+                        [f"{plan.state_dir}/etcd"], user=plan.service_user, after=[], restart="on-failure",
+                        sandbox=(UNPRIVILEGED, INFRA, NO_JIT))
 
 
 def nats_unit(plan: Plan, host: str) -> str:
     return service_unit(f"shadowline {plan.deployment}: NATS with JetStream", on_host(plan.infra.nats, host),
-                        [f"{plan.state_dir}/nats"], user=plan.service_user, after=[], restart="on-failure")
+                        [f"{plan.state_dir}/nats"], user=plan.service_user, after=[], restart="on-failure",
+                        sandbox=(UNPRIVILEGED, INFRA, NO_JIT))
 
 
 def frontend_unit(plan: Plan) -> str:
@@ -90,7 +137,14 @@ def frontend_unit(plan: Plan) -> str:
     infra = [plan.unit_name("etcd"), plan.unit_name("nats")]
     # always: Dynamo's runtime ends the frontend with status 0 when its etcd lease is lost (a long etcd outage)
     return service_unit(f"shadowline {plan.deployment}: Dynamo frontend (OpenAI API)", process,
-                        [process.env["HOME"]], user=plan.service_user, after=infra, restart="always")
+                        [process.env["HOME"]], user=plan.service_user, after=infra, restart="always",
+                        extra=dynamo_credentials(plan), sandbox=(UNPRIVILEGED, INFRA))
+
+
+def dynamo_credentials(plan: Plan) -> tuple[str, ...]:
+    """The EnvironmentFile= line that gives Dynamo's processes their etcd user (ETCD_AUTH_USERNAME/PASSWORD):
+    a root-only file systemd reads before it drops privileges, so the password is in no unit file."""
+    return (f"EnvironmentFile={plan.security.dynamo_env}",) if plan.secure and plan.security else ()
 
 
 def engine_template(plan: Plan) -> str:
@@ -109,8 +163,9 @@ def engine_template(plan: Plan) -> str:
         "Restart=no",
         "KillMode=control-group",
         "TimeoutStopSec=5",
+        *dynamo_credentials(plan),
     ]
-    unit += [f"{k}={v}" for k, v in HARDENING + LIMITS]
+    unit += hardening(UNPRIVILEGED) + [f"{k}={v}" for k, v in LIMITS]
     unit += [f"ReadWritePaths={plan.socket_dir} {plan.engines_dir}"]
     unit += [f"ReadOnlyPaths={plan.model_dir}", ""]
     return "\n".join(unit)
@@ -150,5 +205,4 @@ def agent_unit(plan: Plan, host: str) -> str:
     return service_unit(f"shadowline {plan.deployment}: failover agent", agent_process(plan, host),
                         [plan.state_dir, plan.socket_dir], user=None, after=[], restart="always",
                         extra=("RestartPreventExitStatus=3", "NotifyAccess=main", f"WatchdogSec={AGENT_WATCHDOG_S}",
-                               "WatchdogSignal=SIGABRT"),
-                        unit_extra=("StartLimitIntervalSec=0",), service_type="notify")
+                               "WatchdogSignal=SIGABRT"), sandbox=(AGENT,), service_type="notify")

@@ -18,9 +18,10 @@ import time
 from typing import Any
 
 from .. import console
+from ..control.access import etcd_for
 from ..control.cohort_state import leader_view, lock_holder, unit_status
 from ..control.coordination import DEAD, RUNNING, Coordination
-from ..control.etcd_client import Etcd, EtcdError
+from ..control.etcd_client import EtcdError
 from ..control.events import read_events
 from ..control.http import http_get
 from ..control.proc import (
@@ -96,7 +97,7 @@ def leader_views(plan: Plan, timeout_s: float = 1.0) -> dict[str, dict[str, Any]
 def slots(plan: Plan) -> dict[str, dict[str, Any]] | None:
     """The slot records in etcd ({cohort: {generation, state, reason, attempts}}), None when etcd is away."""
     try:
-        records = Coordination(Etcd(plan.infra.etcd_endpoints), plan.deployment).slots()
+        records = Coordination(etcd_for(plan), plan.deployment).slots()
     except EtcdError:
         return None
     return {str(c): {"generation": s.generation, "state": s.state, "reason": s.reason, "attempts": s.attempts,

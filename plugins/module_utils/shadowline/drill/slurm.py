@@ -38,8 +38,9 @@ import time
 from typing import Any
 
 from ..control import discovery
+from ..control.access import etcd_for
 from ..control.cohort_state import leader_view
-from ..control.etcd_client import Etcd, EtcdError
+from ..control.etcd_client import EtcdError
 from ..control.events import read_events
 from ..deployment.plan import Plan
 from ..slurm.load import Load
@@ -212,7 +213,7 @@ def report(fault: str, job: dict[str, Any], plan: Plan, failed: int, step_id: st
     relaunched = next((e["time"] for e in events if e["event"] == "relaunched" and e["cohort"] == failed), None)
     orphans: list[Any] = [{"node": r["node"], **left} for r in reports for left in r["left"]]
     try:
-        regs = [r for r in discovery.registrations(Etcd(plan.infra.etcd_endpoints, timeout=2.0))
+        regs = [r for r in discovery.registrations(etcd_for(plan, timeout=2.0))
                 if r.model_name in (None, plan.model_id)]
         if len(regs) > 1:
             orphans += [{"registration": r.instance_id, "address": r.request_address} for r in regs[1:]]

@@ -6,7 +6,8 @@ free space are checked first. The transfer keeps partial files in ``.rsync-parti
 interrupted pull resumes mid-file; rsync's own quick check (size, mtime) skips finished files.
 Every transferred file is then hashed (in parallel) and, when the source directory carries a
 ``shadowline-manifest.json``, checked against it. ssh runs with ``BatchMode=yes`` (keys or agent,
-never a prompt); nothing secret is put on a command line.
+never a prompt); nothing secret is put on a command line. Host and user are checked by spec.parse_source
+(no leading '-', no spaces or control characters) and the positional arguments follow ``--``.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def parse_listing(text: str) -> list[RemoteFile]:
 def plan(spec: ModelSpec, token: str | None = None) -> Plan:
     url = spec.source.rsync_url
     proc = subprocess.run(
-        _base_cmd(spec) + ["--list-only", "--recursive", url],
+        _base_cmd(spec) + ["--list-only", "--recursive", "--", url],
         capture_output=True,
         text=True,
         env=_child_env(),
@@ -134,7 +135,7 @@ def plan(spec: ModelSpec, token: str | None = None) -> Plan:
     if any(f.path == MANIFEST_NAME for f in files):
         with tempfile.TemporaryDirectory(prefix="shadowline-srcmanifest-") as tmp:
             got = subprocess.run(
-                _base_cmd(spec) + [url + MANIFEST_NAME, tmp + "/"],
+                _base_cmd(spec) + ["--", url + MANIFEST_NAME, tmp + "/"],
                 capture_output=True,
                 text=True,
                 env=_child_env(),
@@ -169,6 +170,7 @@ def fetch(
         "--from0",
         "--no-inc-recursive",
         "--info=progress2",
+        "--",
         root_url,
         staging_dir.rstrip("/") + "/",
     ]

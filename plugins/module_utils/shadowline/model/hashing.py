@@ -6,8 +6,10 @@ re-verification hashed nothing.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -92,6 +94,34 @@ def hash_file(
     return FileDigest(size=total, sha256=sha.hexdigest(), git_sha1=git.hexdigest() if git is not None else None)
 
 
+def open_regular(path: str) -> int:
+    """A read descriptor on ``path`` when it is a regular file; OSError naming the kind otherwise.
+
+    Opened non-blocking first, so a FIFO (or a device that blocks on open) never hangs the caller; the flag
+    is cleared once the descriptor is known to be a regular file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"not a regular file ({file_kind(mode)})", path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def file_kind(mode: int) -> str:
+    """What a stat mode names, in words (for refusals)."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISLNK, "a symlink"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
 def copy_and_hash(
     src: str,
     dst: str,
@@ -99,18 +129,25 @@ def copy_and_hash(
     on_bytes: ByteCallback | None = None,
     bufsize: int = BUF_SIZE,
     durable: bool = True,
+    max_bytes: int | None = None,
 ) -> FileDigest:
-    """Copy ``src`` to ``dst`` in one pass, hashing the bytes as they go; fsync ``dst`` when durable."""
+    """Copy ``src`` to ``dst`` in one pass, hashing the bytes as they go; fsync ``dst`` when durable.
+
+    ``src`` must be a regular file (a FIFO, device or socket is refused without blocking); with ``max_bytes``
+    the copy stops with an error as soon as the source holds more than that (a file that grows while copied).
+    """
     sha = hashlib.sha256()
     buf = bytearray(bufsize)
     view = memoryview(buf)
     total = 0
-    with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
+    with os.fdopen(open_regular(src), "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
         _advise_sequential(fin.fileno())
         while True:
             n = fin.readinto(view)
             if not n:
                 break
+            if max_bytes is not None and total + n > max_bytes:
+                raise OSError(errno.EFBIG, f"holds more than the {max_bytes} bytes listed", src)
             chunk = view[:n]
             sha.update(chunk)
             written = 0

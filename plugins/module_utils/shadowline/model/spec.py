@@ -24,6 +24,9 @@ SCHEMES = ("hf", "file", "rsync", "rsync+ssh")
 # gms_model.id: a repository id (owner/name, or name); the contract checks the inventory with it too
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9._:\[\]-]+$")
+# an rsync/ssh host or user must not start with "-" (it would reach rsync or ssh as an option)
+_SAFE_HOST_RE = re.compile(r"^[A-Za-z0-9:\[][A-Za-z0-9._:\[\]-]*$")
+_USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _LABEL_RE = re.compile(r"[^A-Za-z0-9._-]")
 PINNED_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -107,9 +110,7 @@ def parse_source(uri: str | None, model_id: str) -> Source:
                 f"{field} {uri!r}: path must be absolute.", field=field, fix="write file:///<absolute path>."
             )
         return Source(scheme="file", uri=f"file://{path}", path=path)
-    host = parts.hostname
-    if not host or not _HOST_RE.match(host):
-        raise SpecError(f"{field} {uri!r} has no host.", field=field, fix=f"write {scheme}://<host>/<path>.")
+    host = _remote_host(field, uri, scheme, parts.hostname, parts.username)
     try:
         port = parts.port
     except ValueError as exc:
@@ -120,6 +121,20 @@ def parse_source(uri: str | None, model_id: str) -> Source:
     if ".." in path.split("/"):
         raise SpecError(f"{field} {uri!r} must not contain '..'.", field=field, fix="use a normalised path.")
     return Source(scheme=scheme, uri=uri, host=host, port=port, user=parts.username, path=path)
+
+
+def _remote_host(field: str, uri: str, scheme: str, host: str | None, user: str | None) -> str:
+    """The host of an rsync source; host and user must not read as options to rsync or ssh."""
+    if not host or not _HOST_RE.match(host):
+        raise SpecError(f"{field} {uri!r} has no host.", field=field, fix=f"write {scheme}://<host>/<path>.")
+    if not _SAFE_HOST_RE.match(host):
+        raise SpecError(f"{field} {uri!r}: host {host!r} does not start with a letter, digit or '['.", field=field,
+                        fix="write the host name or address of the source (a leading '-' would be read as an option).")
+    if user is not None and not _USER_RE.match(user):
+        raise SpecError(f"{field} {uri!r}: user {user!r} is not a plain user name.", field=field,
+                        fix="use letters, digits, '.', '_' and '-' (not first) in the user name, "
+                        "or leave it out and set the user in ~/.ssh/config.")
+    return host
 
 
 @dataclass(frozen=True)

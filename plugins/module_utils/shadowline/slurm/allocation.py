@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
-from .job import PLACEHOLDER_RE
+from ..deployment.addresses import PLACEHOLDER_RE, address_problem
 
 SPEC_BEGIN = ": <<'SHADOWLINE_SPEC'"
 SPEC_END = "SHADOWLINE_SPEC"
@@ -51,6 +51,9 @@ def concrete(value: Any, nodes: list[Node]) -> Any:
         index = int(match.group(1))
         if index >= len(nodes):
             raise AllocationError(f"the plan names node {index} but the allocation has {len(nodes)} node(s)")
+        wrong = address_problem(nodes[index].address, placeholder_ok=False)
+        if wrong is not None:
+            raise AllocationError(f"node {nodes[index].name}'s address {wrong}")
         return nodes[index].address
 
     return json.loads(PLACEHOLDER_RE.sub(address, text))

@@ -14,18 +14,18 @@ deployment's variables (one host's ``gms_*`` values) and never raises on bad inp
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import re
 from dataclasses import asdict
 from typing import Any
 
+from ..deployment.addresses import PLACEHOLDER_RE
 from ..deployment.contract import parse_contract
 from ..deployment.plan import CohortPlan, Plan, build_plan, shell_quote
 from ..deployment.problems import Problem
 from ..deployment.values import as_int
 from .options import SlurmOptions, parse_slurm_options
 
-PLACEHOLDER_RE = re.compile(r"@SL_ADDR_(\d+)@")
 SLURM_VARIABLES = ["gms_slurm"]  # the Slurm-only variables (listed in contract.KNOWN_VARIABLES too)
 HOST_ONLY = ("gms_node_rank", "gms_node_address")
 WATCHDOG_MODULE = "shadowline.control.watchdog"
@@ -122,6 +122,9 @@ def build_job_plan(shared: dict[str, Any], inventory_hosts: int) -> tuple[Plan |
     problems += [p for p in contract_problems if p.field != "gms_slurm"]
     if contract is None or options is None or problems:
         return None, None, problems
+    # A job's etcd and NATS live inside its allocation and have no credentials yet (docs/security.md): plain, and
+    # slurm/render warns that the job runs them open.
+    contract = dataclasses.replace(contract, insecure=True)
     plan = build_plan(contract, state_dir=f"{node_dir}/state", config_dir=f"{node_dir}/config")
     return plan, options, problems
 

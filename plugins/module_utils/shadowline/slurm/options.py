@@ -145,7 +145,8 @@ def parse_slurm_options(value: Any, deployment: str, backend: str | None, engine
     extra = read.string_list("gms_slurm.extra_sbatch", values["extra_sbatch"], "['--constraint=h100']")
     for arg in extra or []:
         flag = arg.split("=", 1)[0]
-        if not arg.startswith("-") or any(c in arg for c in "\n'\"`$\\"):
+        unsafe = any(c in "'\"`$\\" or c.isspace() or not c.isprintable() for c in arg)
+        if not arg.startswith("-") or unsafe:
             read.problem("gms_slurm.extra_sbatch", f"{arg!r} is not one sbatch option.",
                          "write each as one option such as --constraint=h100 (no quotes, no spaces).")
         elif flag in MANAGED_SBATCH:

@@ -7,7 +7,8 @@ Usage:
 The inventory is read with `ansible-inventory --list` when it is installed (any inventory Ansible reads), else
 directly with PyYAML (YAML inventories, with group_vars/ and host_vars/ beside them). Either way, "{{ ... }}"
 values are templated with Jinja2 against the host's variables and `groups`, as Ansible would for simple
-expressions. Needs Python 3.9+ with Jinja2 and PyYAML (pip install jinja2 pyyaml) and nothing else; no host is
+expressions, in Jinja2's sandbox (an inventory is data: an expression that reaches for Python internals is
+refused, never run). Needs Python 3.9+ with Jinja2 and PyYAML (pip install jinja2 pyyaml) and nothing else; no host is
 contacted. The nodes come from the Slurm allocation, not from the inventory: only the number of hosts in the
 group (or gms_engine.nnodes) and the deployment's variables are used. Exit status 1 lists every problem.
 """
@@ -29,6 +30,9 @@ from .job import HOST_ONLY, job_context
 
 ROOT = Path(__file__).resolve().parents[4]  # the checkout (plugins/module_utils/shadowline/slurm/render.py)
 TEMPLATE = ROOT / "slurm" / "job.sbatch.j2"
+SLURM_INSECURE_WARNING = ("slurm/render: warning: the job runs its etcd and NATS inside the allocation without "
+                          "authentication or TLS (docs/security.md): anyone who reaches the job's nodes can drive "
+                          "its failover.")
 
 
 def need(module: str) -> Any:
@@ -145,7 +149,8 @@ class YamlInventory:
 def template_values(values: dict[str, Any], groups: dict[str, list[str]]) -> dict[str, Any]:
     """Template every "{{ ... }}" string against the host's variables (a few rounds, for variables of variables)."""
     jinja2 = need("jinja2")
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    sandbox = need("jinja2.sandbox").sandbox
+    env = sandbox.ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined)
     context = {**values, "groups": groups}
 
     def render(value: Any, name: str) -> Any:
@@ -159,6 +164,9 @@ def template_values(values: dict[str, Any], groups: dict[str, list[str]]) -> dic
         for _unused in range(5):
             try:
                 text = env.from_string(text).render(context)
+            except sandbox.SecurityError as err:
+                raise SystemExit(f"{name}: {value!r} reaches outside the inventory's data ({err}); refused, "
+                                 "nothing was written. Fix: use plain values and simple expressions.") from None
             except jinja2.TemplateError as err:
                 raise SystemExit(f"{name}: cannot template {value!r} without Ansible ({err}). Fix: simplify the "
                                  "expression, or render with playbooks/slurm_render.yml, which templates like Ansible.")
@@ -229,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
         tmp.write_text(text)
         tmp.chmod(0o755)
         tmp.replace(target)
+    console.err(SLURM_INSECURE_WARNING)
     console.out(json.dumps({"path": str(target.resolve()), "changed": changed, "inventory": how,
-                            "submit": f"sbatch {target}"}))
+                            "submit": f"sbatch {target}", "warning": SLURM_INSECURE_WARNING}))
     return 0

@@ -38,8 +38,9 @@ from typing import Any
 
 from .. import console
 from ..control import discovery
+from ..control.access import etcd_for
 from ..control.cohort_state import leader_state
-from ..control.etcd_client import Etcd, EtcdError
+from ..control.etcd_client import EtcdError
 from ..control.events import EventLog
 from ..control.policy import RelaunchPolicy
 from ..control.waits import http_check, poll
@@ -187,7 +188,7 @@ class Supervisor:
             os.environ[f"SL_ADDR_{i}"] = node.address
         os.environ["SL_JOB_DIR"] = self.job_dir
         self.plan = Plan.from_dict(concrete(self.spec_plan.to_dict(), self.nodes))
-        self.etcd = Etcd(self.plan.infra.etcd_endpoints, timeout=1.0)
+        self.etcd = etcd_for(self.plan, timeout=1.0)
         self.write_job()
 
     def prepare_nodes(self) -> None:

@@ -1,0 +1,130 @@
+"""One home for "an etcd client of this deployment": every caller (the agent, the modules, drills, the Slurm side,
+the watchdog) gets its connection from here, with the deployment's credentials when it has them.
+
+etcd runs with role-based access unless the plan is insecure (gms_insecure: true). Identities
+(``ensure_etcd_auth`` creates them, idempotently):
+  root    etcd's administrator; used only to set up access (its password is on the infra hosts and the controller).
+  agent   read-write on the deployment's coordination keys (/shadowline/<deployment>/) and on Dynamo's
+          discovery keys (v1/: reading registrations, revoking a dead worker's lease).
+  dynamo  the engines and the frontend (ETCD_AUTH_USERNAME/PASSWORD from the units' EnvironmentFile): read-write
+          on Dynamo's discovery keys (v1/) only, so an engine cannot forge a slot record.
+A client without credentials can read and write nothing. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from typing import Any
+
+from ..deployment.plan import Plan
+from .etcd_client import Etcd, EtcdAuth, EtcdError, prefix_end
+from .http import open_direct
+
+DISCOVERY_PREFIX = "v1/"  # every key Dynamo 1.6.1 writes (instances, model cards, event channels)
+AGENT, DYNAMO, ROOT = "agent", "dynamo", "root"
+
+
+def read_secret(path: str) -> str:
+    """A password file's content (one line); OSError naming the file when it cannot be read."""
+    with open(path, encoding="utf-8") as handle:
+        return handle.read().strip()
+
+
+def etcd_for(plan: Plan, timeout: float = 2.0, *, user: str = AGENT, password_file: str | None = None,
+             deadline: float = 3.0) -> Etcd:
+    """The deployment's etcd as ``user`` (the agent's identity by default), password from the host's secrets
+    directory (or ``password_file``, e.g. on the controller); no credentials for an insecure plan. ``timeout`` per
+    endpoint, ``deadline`` per call (etcd_client.Etcd)."""
+    if not plan.secure or plan.security is None:
+        return Etcd(plan.infra.etcd_endpoints, timeout=timeout, deadline=deadline)
+    path = password_file or plan.security.password_file(user)
+    try:
+        password = read_secret(path)
+    except OSError as err:
+        raise EtcdError(f"cannot read the etcd password of user {user} ({path}: {err.strerror or err}); "
+                        "run the playbook again to install the deployment's secrets") from None
+    return Etcd(plan.infra.etcd_endpoints, timeout=timeout, deadline=deadline, auth=EtcdAuth(user, password))
+
+
+def etcd_from_env(timeout: float = 2.0, environ: dict[str, str] | None = None) -> Etcd | None:
+    """The etcd a Dynamo process of this node uses (ETCD_ENDPOINTS, ETCD_AUTH_USERNAME/PASSWORD), None without one."""
+    env = os.environ if environ is None else environ
+    endpoints = env.get("ETCD_ENDPOINTS", "")
+    if not endpoints.strip():
+        return None
+    user, password = env.get("ETCD_AUTH_USERNAME"), env.get("ETCD_AUTH_PASSWORD")
+    return Etcd(endpoints, timeout=timeout, auth=EtcdAuth(user, password) if user and password else None)
+
+
+# -- setting up access (the etcd role, on one infra host) ------------------------------------------------------ #
+
+def _post(endpoint: str, path: str, body: dict[str, Any], token: str | None, timeout: float) -> dict[str, Any]:
+    headers = {"Content-Type": "application/json", **({"Authorization": token} if token else {})}
+    request = urllib.request.Request(endpoint.rstrip("/") + path, data=json.dumps(body).encode(), method="POST",
+                                     headers=headers)
+    try:
+        with open_direct(request, timeout) as response:
+            return json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        try:
+            message = json.loads(err.read() or b"{}").get("message") or err.reason
+        except (OSError, ValueError):
+            message = err.reason
+        raise EtcdError(f"etcd at {endpoint} refused {path}: {message} (HTTP {err.code})", endpoint) from None
+    except (urllib.error.URLError, OSError) as err:
+        raise EtcdError(f"etcd at {endpoint} did not answer {path}: {getattr(err, 'reason', err)}", endpoint) from None
+
+
+def _b64(data: str | bytes) -> str:
+    import base64  # noqa: PLC0415
+
+    return base64.b64encode(data.encode() if isinstance(data, str) else data).decode("ascii")
+
+
+def role_permissions(deployment: str) -> dict[str, list[str]]:
+    """Each role's read-write key prefixes."""
+    return {AGENT: [f"/shadowline/{deployment}/", DISCOVERY_PREFIX], DYNAMO: [DISCOVERY_PREFIX]}
+
+
+def ensure_etcd_auth(endpoint: str, deployment: str, passwords: dict[str, str], timeout: float = 5.0) -> list[str]:
+    """Users root, agent and dynamo with their roles and passwords, then authentication on; what changed.
+
+    Idempotent: when authentication is already on, root's token is used to bring users, passwords and
+    permissions to what they must be (a rotated password is set again). ``passwords`` maps user to password.
+    """
+    changed: list[str] = []
+    try:
+        token = _post(endpoint, "/v3/auth/authenticate", {"name": ROOT, "password": passwords[ROOT]}, None,
+                      timeout)["token"]
+        enabled = True
+    except EtcdError as err:
+        if "authentication is not enabled" not in str(err):
+            raise
+        token, enabled = None, False
+    users = set(_post(endpoint, "/v3/auth/user/list", {}, token, timeout).get("users") or [])
+    roles = set(_post(endpoint, "/v3/auth/role/list", {}, token, timeout).get("roles") or [])
+    for user in (ROOT, AGENT, DYNAMO):
+        if user not in users:
+            _post(endpoint, "/v3/auth/user/add", {"name": user, "password": passwords[user]}, token, timeout)
+            changed.append(f"user {user}")
+        elif user != ROOT or not enabled:
+            _post(endpoint, "/v3/auth/user/changepw", {"name": user, "password": passwords[user]}, token, timeout)
+    if ROOT not in roles:
+        _post(endpoint, "/v3/auth/role/add", {"name": ROOT}, token, timeout)
+    _post(endpoint, "/v3/auth/user/grant", {"user": ROOT, "role": ROOT}, token, timeout)
+    for role, prefixes in role_permissions(deployment).items():
+        name = f"shadowline-{role}"
+        if name not in roles:
+            _post(endpoint, "/v3/auth/role/add", {"name": name}, token, timeout)
+            changed.append(f"role {name}")
+        for prefix in prefixes:
+            _post(endpoint, "/v3/auth/role/grant", {"name": name, "perm": {
+                "permType": "READWRITE", "key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}}, token, timeout)
+        _post(endpoint, "/v3/auth/user/grant", {"user": role, "role": name}, token, timeout)
+    if not enabled:
+        _post(endpoint, "/v3/auth/enable", {}, None, timeout)
+        changed.append("authentication enabled")
+    return changed

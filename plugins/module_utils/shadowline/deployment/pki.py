@@ -1,0 +1,160 @@
+"""The deployment's own certificate authority, kept on the Ansible controller (issue #13).
+
+``ensure_pki`` creates (once) a CA for one deployment and, per host, the certificates its services present:
+every host gets a client certificate (its agent, engines, frontend and the modules run there connect to etcd
+and NATS with it); each infra host gets a server certificate (etcd's client and peer listeners, NATS) naming
+its address and host name; the controller gets a client certificate of its own (status, drills). Keys are
+EC P-256, written 0600 in directories 0700; nothing is ever returned or printed but paths. A certificate is
+issued again when it is missing, when its names no longer match the host's address, when the CA changed, or
+when it expires within 30 days. Needs the ``cryptography`` package on the controller (ansible-core's own
+dependency).
+
+Layout of ``pki_dir``: ``ca.crt``, ``ca.key``, ``hosts/<host>/{client,server}.{crt,key}``, ``controller/client.*``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from dataclasses import dataclass
+
+CA_DAYS = 3650
+LEAF_DAYS = 397
+RENEW_BEFORE = datetime.timedelta(days=30)
+CLIENT, SERVER = "client", "server"
+
+
+@dataclass(frozen=True)
+class Subject:
+    """One certificate to issue: who it names (``cn``), for what (client or server), with which names."""
+    directory: str  # relative to pki_dir: hosts/<host> or controller
+    kind: str  # client | server
+    cn: str
+    dns: tuple[str, ...] = ()
+    ips: tuple[str, ...] = ()
+
+
+def subjects(deployment: str, hosts: list[tuple[str, str]], infra: list[tuple[str, str]]) -> list[Subject]:
+    """What a deployment needs: a client certificate per host (and the controller), a server one per infra host."""
+    out = []
+    for host, address in dict.fromkeys(hosts + infra):
+        names = _names(host, address)
+        out.append(Subject(f"hosts/{host}", CLIENT, f"{host}.{deployment}.shadowline", *names))
+    for host, address in infra:
+        dns, ips = _names(host, address)
+        out.append(Subject(f"hosts/{host}", SERVER, f"{host}.{deployment}.shadowline", dns, ips + ("127.0.0.1",)))
+    out.append(Subject("controller", CLIENT, f"controller.{deployment}.shadowline"))
+    return out
+
+
+def _names(host: str, address: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    try:
+        ipaddress.ip_address(address)
+        return (host,), (address,)
+    except ValueError:
+        return tuple(dict.fromkeys((host, address))), ()
+
+
+def ensure_pki(pki_dir: str, deployment: str, hosts: list[tuple[str, str]], infra: list[tuple[str, str]],
+               now: datetime.datetime | None = None) -> list[str]:
+    """Create or refresh the deployment's CA and certificates under ``pki_dir``; the paths written (no secret)."""
+    from cryptography import x509  # noqa: PLC0415 (controller only: hosts never import this module's code)
+    from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: PLC0415
+
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    written: list[str] = []
+    _private_dir(pki_dir)
+    _private_dir(os.path.join(pki_dir, "hosts"))
+
+    def save_key(path: str, key: ec.EllipticCurvePrivateKey) -> None:
+        _write(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()), 0o600)
+        written.append(path)
+
+    def save_cert(path: str, cert: x509.Certificate) -> None:
+        _write(path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+        written.append(path)
+
+    ca_key_path, ca_cert_path = os.path.join(pki_dir, "ca.key"), os.path.join(pki_dir, "ca.crt")
+    ca_name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "shadowline"),
+                         x509.NameAttribute(NameOID.COMMON_NAME, f"shadowline {deployment} CA")])
+    if os.path.exists(ca_key_path) and os.path.exists(ca_cert_path):
+        with open(ca_key_path, "rb") as handle:
+            ca_key = serialization.load_pem_private_key(handle.read(), None)
+        with open(ca_cert_path, "rb") as handle:
+            ca_cert = x509.load_pem_x509_certificate(handle.read())
+    else:
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_cert = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+                   .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=CA_DAYS))
+                   .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+                   .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                                content_commitment=False, key_encipherment=False,
+                                                data_encipherment=False, key_agreement=False, encipher_only=False,
+                                                decipher_only=False), critical=True)
+                   .sign(ca_key, hashes.SHA256()))
+        save_key(ca_key_path, ca_key)
+        save_cert(ca_cert_path, ca_cert)
+
+    for subject in subjects(deployment, hosts, infra):
+        directory = os.path.join(pki_dir, subject.directory)
+        _private_dir(directory)
+        cert_path = os.path.join(directory, f"{subject.kind}.crt")
+        key_path = os.path.join(directory, f"{subject.kind}.key")
+        sans = [x509.DNSName(d) for d in subject.dns] + [x509.IPAddress(ipaddress.ip_address(i)) for i in subject.ips]
+        if _current(cert_path, key_path, ca_cert, sans, now):
+            continue
+        key = ec.generate_private_key(ec.SECP256R1())
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+        if subject.kind == SERVER:
+            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+        builder = (x509.CertificateBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, f"shadowline {deployment}"),
+                                            x509.NameAttribute(NameOID.COMMON_NAME, subject.cn)]))
+                   .issuer_name(ca_cert.subject).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=LEAF_DAYS))
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                   .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        save_key(key_path, key)
+        save_cert(cert_path, builder.sign(ca_key, hashes.SHA256()))
+    return written
+
+
+def _current(cert_path: str, key_path: str, ca_cert: object, sans: list[object], now: datetime.datetime) -> bool:
+    """Whether the certificate at ``cert_path`` (with its key) can stay: same CA, same names, not expiring."""
+    from cryptography import x509  # noqa: PLC0415
+
+    if not (os.path.exists(cert_path) and os.path.exists(key_path)):
+        return False
+    with open(cert_path, "rb") as handle:
+        cert = x509.load_pem_x509_certificate(handle.read())
+    if cert.issuer != ca_cert.subject or cert.not_valid_after_utc - RENEW_BEFORE < now:  # type: ignore[attr-defined]
+        return False
+    try:
+        have = list(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
+    except x509.ExtensionNotFound:
+        have = []
+    return sorted(map(repr, have)) == sorted(map(repr, sans))
+
+
+def _private_dir(path: str) -> None:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def _write(path: str, data: bytes, mode: int) -> None:
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)

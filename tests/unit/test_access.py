@@ -1,0 +1,99 @@
+"""etcd's role-based access as control/access.py sets it up, against a real etcd (issue #13): a client without
+credentials writes nothing, an engine's identity cannot forge a slot record, the agent's can; tokens renew."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from shadowline.control.access import AGENT, DYNAMO, ROOT, ensure_etcd_auth, etcd_from_env
+from shadowline.control.coordination import RUNNING, Coordination, Slot
+from shadowline.control.etcd_client import Etcd, EtcdAuth, EtcdError
+from tests.loopback import start_etcd
+
+PASSWORDS = {ROOT: "root-pw-0123456789", AGENT: "agent-pw-0123456789", DYNAMO: "dynamo-pw-0123456789"}
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory):
+    server = start_etcd(tmp_path_factory.mktemp("etcd-auth"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def secured(etcd) -> str:
+    changed = ensure_etcd_auth(etcd.url, "unit", PASSWORDS)
+    assert "authentication enabled" in changed
+    assert ensure_etcd_auth(etcd.url, "unit", PASSWORDS) == []  # idempotent
+    return etcd.url
+
+
+def test_no_credentials_no_access(secured: str):
+    plain = Etcd(secured)
+    with pytest.raises(EtcdError):
+        plain.put("/shadowline/unit/slots/0", "forged")
+    with pytest.raises(EtcdError):
+        plain.get_prefix("v1/")
+    request = urllib.request.Request(secured + "/v3/kv/put", method="POST", data=json.dumps(
+        {"key": "L3NoYWRvd2xpbmUvdW5pdC9zbG90cy8w", "value": "eA=="}).encode())
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(request, timeout=2)  # noqa: S310 (a loopback etcd)
+
+
+def test_wrong_password_is_refused(secured: str):
+    with pytest.raises(EtcdError) as err:
+        Etcd(secured, auth=EtcdAuth(AGENT, "guess")).put("/shadowline/unit/x", "y")
+    assert "guess" not in str(err.value)
+
+
+def test_agent_writes_slots_engine_cannot(secured: str):
+    agent = Coordination(Etcd(secured, auth=EtcdAuth(AGENT, PASSWORDS[AGENT])), "unit")
+    assert agent.create_slot(Slot(cohort=0, generation=1, state=RUNNING))
+    engine = Etcd(secured, auth=EtcdAuth(DYNAMO, PASSWORDS[DYNAMO]))
+    with pytest.raises(EtcdError, match="permission denied"):
+        engine.put("/shadowline/unit/slots/0", json.dumps({"forged": True}))
+    engine.put("v1/instances/ns/c/e/1", "x")  # discovery is the engines' own
+    other = Etcd(secured, auth=EtcdAuth(AGENT, PASSWORDS[AGENT]))
+    with pytest.raises(EtcdError, match="permission denied"):
+        other.put("/shadowline/another-deployment/slots/0", "x")
+    assert [kv.key for kv in other.get_prefix("v1/instances/")] == ["v1/instances/ns/c/e/1"]
+    lease = other.lease_grant(5)
+    engine.put("v1/instances/ns/c/e/2", "x", lease=lease)
+    assert other.lease_revoke(lease)  # the agent fences a dead worker
+
+
+def test_an_expired_token_is_renewed(secured: str):
+    auth = EtcdAuth(AGENT, PASSWORDS[AGENT])
+    client = Etcd(secured, auth=auth)
+    client.put("/shadowline/unit/t", "1")
+    auth._tokens = {k: "bogus.token" for k in auth._tokens}  # as after etcd restarted or the token expired
+    client.put("/shadowline/unit/t", "2")
+    assert client.get("/shadowline/unit/t").value == b"2"
+
+
+def test_dynamo_environment_gives_the_engines_client(secured: str):
+    env = {"ETCD_ENDPOINTS": secured, "ETCD_AUTH_USERNAME": DYNAMO, "ETCD_AUTH_PASSWORD": PASSWORDS[DYNAMO]}
+    client = etcd_from_env(environ=env)
+    assert client is not None and client.get_prefix("v1/instances/") is not None
+    assert etcd_from_env(environ={}) is None
+
+
+def test_password_rotation(secured: str):
+    rotated = dict(PASSWORDS, dynamo="dynamo-pw-rotated")
+    ensure_etcd_auth(secured, "unit", rotated)
+    with pytest.raises(EtcdError):
+        Etcd(secured, auth=EtcdAuth(DYNAMO, PASSWORDS[DYNAMO])).get_prefix("v1/")
+    Etcd(secured, auth=EtcdAuth(DYNAMO, "dynamo-pw-rotated")).get_prefix("v1/")
+    ensure_etcd_auth(secured, "unit", PASSWORDS)
+
+
+def test_secrets_never_in_reprs(tmp_path: Path):
+    auth = EtcdAuth(AGENT, PASSWORDS[AGENT])
+    assert PASSWORDS[AGENT] not in repr(auth) and PASSWORDS[AGENT] not in repr(Etcd("http://x:1", auth=auth))

@@ -1,0 +1,150 @@
+"""Secure by default (issue #13), without a testbed: what the plan and the units say about credentials, the
+controller's secrets (modes, what each host gets, nothing secret in a plan or unit), the opt-out, and the units'
+`systemd-analyze security` exposure."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shadowline.deployment import units
+from shadowline.deployment.contract import parse_contract
+from shadowline.deployment.plan import Plan, build_plan
+from shadowline.deployment.secrets import ensure_secrets, host_files
+
+from .helpers import hostvars
+
+
+def plan_of(tmp_path: Path | None = None, nodes: int = 2, **shared) -> Plan:
+    if tmp_path is not None:
+        shared.setdefault("gms_secrets_dir", str(tmp_path / "secrets"))
+    hv, hosts = hostvars(nodes, gms_engine={"tensor_parallel_size": 8 * nodes}, **shared)
+    contract, problems = parse_contract(hv, hosts)
+    assert not problems, problems
+    return build_plan(contract)
+
+
+def all_units(plan: Plan) -> dict[str, str]:
+    host = plan.hosts[0]
+    return {"etcd": units.etcd_unit(plan, host), "nats": units.nats_unit(plan, host),
+            "frontend": units.frontend_unit(plan), "gms": units.gms_unit(plan, host),
+            "agent": units.agent_unit(plan, host),
+            "engine": units.engine_template(plan) + "\n" + units.engine_dropin(plan, host, 0)}
+
+
+def test_secure_by_default():
+    plan = plan_of()
+    assert plan.secure and plan.security is not None
+    assert plan.security.controller_dir == "~/.shadowline/secrets/llama"
+    env = plan.cohort(0).ranks[0].process.env
+    assert env["NATS_SERVER"].startswith("tls://") and env["NATS_TLS_CA_CERT_PATH"] == plan.security.ca
+    assert "ETCD_AUTH_PASSWORD" not in env and "ETCD_AUTH_PASSWORD" not in plan.infra.frontend.env
+    nats_conf = next(iter(plan.infra.nats[0].files.values()))
+    assert f'ca_file: "{plan.security.ca}", verify: true' in nats_conf
+    text = all_units(plan)
+    assert f"EnvironmentFile={plan.security.dynamo_env}" in text["frontend"]
+    assert f"EnvironmentFile={plan.security.dynamo_env}" in text["engine"]
+    assert Plan.from_dict(plan.to_dict()) == plan
+
+
+def test_insecure_is_an_explicit_opt_out():
+    plan = plan_of(gms_insecure=True)
+    assert not plan.secure
+    env = plan.cohort(0).ranks[0].process.env
+    assert env["NATS_SERVER"].startswith("nats://") and "NATS_TLS_CA_CERT_PATH" not in env
+    assert "EnvironmentFile" not in all_units(plan)["frontend"]
+    assert "tls {" not in next(iter(plan.infra.nats[0].files.values()))
+
+
+@pytest.mark.parametrize("value, ok", [("/srv/secrets/x", True), ("~/.shadowline/x", True), ("relative", False),
+                                       ("/a b", False), (7, False)])
+def test_secrets_dir_is_checked(value, ok):
+    hv, hosts = hostvars(1, gms_secrets_dir=value)
+    _unused, problems = parse_contract(hv, hosts)
+    assert [p.field for p in problems] == ([] if ok else ["gms_secrets_dir"])
+    if not ok:
+        assert "outside any checkout" in problems[0].fix
+
+
+def test_secrets_are_private_and_never_in_the_plan_or_a_unit(tmp_path: Path):
+    plan = plan_of(tmp_path, nodes=3)
+    written = ensure_secrets(plan)
+    assert ensure_secrets(plan) == []  # kept
+    root = tmp_path / "secrets"
+    for path in map(Path, written):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o644 if path.suffix == ".crt" else 0o600), (path, oct(mode))
+    for directory in [root, *[p for p in root.rglob("*") if p.is_dir()]]:
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    secrets = [p.read_text().strip() for p in root.rglob("*.password")]
+    secrets += [p.read_text() for p in root.rglob("*.key")]
+    assert len(secrets) == 3 + 1 + 3 + 1 + 1  # passwords; CA key; 3 client keys; controller; node0's server key
+    rendered = str(plan.to_dict()) + "".join(all_units(plan).values())
+    assert not [s for s in secrets if s.strip() in rendered]
+    files = {f["dest"].rsplit("/", 1)[1]: f for f in host_files(plan, "node0")}
+    assert files["client.key"]["owner"] == plan.service_user and files["client.key"]["mode"] == "0600"
+    assert files["etcd-root.password"]["owner"] == "root" and "server.key" in files  # node0 is the infra host
+    assert "etcd-root.password" not in {f["dest"].rsplit("/", 1)[1] for f in host_files(plan, "node1")}
+
+
+def test_a_host_certificate_follows_its_address(tmp_path: Path):
+    plan = plan_of(tmp_path)
+    ensure_secrets(plan)
+    moved = plan_of(tmp_path, **{})  # same addresses: nothing to do
+    assert ensure_secrets(moved) == []
+    hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16}, gms_secrets_dir=str(tmp_path / "secrets"))
+    hv["node1"]["ansible_host"] = "198.18.0.99"
+    contract, _unused = parse_contract(hv, hosts)
+    again = ensure_secrets(build_plan(contract))
+    assert sorted(os.path.basename(os.path.dirname(p)) for p in again) == ["node1", "node1"]
+
+
+EXPOSURE_LIMITS = {"etcd": 3.0, "nats": 3.0, "frontend": 3.0, "gms": 3.0, "engine": 4.0, "agent": 5.0}
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze is not installed")
+def test_units_exposure(tmp_path: Path):
+    """`systemd-analyze security --offline` of every rendered unit within the issue's limits (docs/security.md)."""
+    figures = {}
+    for name, text in all_units(plan_of()).items():
+        path = tmp_path / f"shadowline-x-{name}.service"
+        path.write_text(text)
+        out = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", str(path)],
+                             capture_output=True, text=True, check=False).stdout
+        match = re.search(r"Overall exposure level for \S+: ([0-9.]+)", out)
+        if match is None:
+            pytest.skip(f"this systemd-analyze has no --offline: {out[-200:]}")
+        figures[name] = float(match.group(1))
+    assert all(figures[n] <= EXPOSURE_LIMITS[n] for n in figures), figures
+
+
+def test_firewall_protects_the_deployments_ports_only():
+    from shadowline.deployment import firewall
+
+    plan = plan_of()
+    node0 = firewall.protected_ports(plan, "node0")
+    node1 = firewall.protected_ports(plan, "node1")
+    assert {8080, 8081, 8280, 8281, 29500, 29600, 8480} <= set(node1) and 8000 not in node0
+    assert {2379, 2380, 4222, 6222} <= set(node0) and 2379 not in node1  # infra ports on the infra host only
+    v4, v6 = firewall.allowed_addresses(plan)
+    assert v4 == ["127.0.0.0/8", "198.18.0.10", "198.18.0.11"] and v6 == ["::1"]
+    rules = firewall.firewall_rules(plan, "node1")
+    assert "table inet shadowline_llama {" in rules and "tcp dport @protected drop" in rules
+    unit = firewall.firewall_unit(plan, "node1")
+    assert "ExecStop=-/usr/sbin/nft delete table inet shadowline_llama" in unit
+
+
+@pytest.mark.skipif(not shutil.which("nft") or os.geteuid() != 0, reason="needs nft and root")
+def test_firewall_rules_pass_nft_check(tmp_path: Path):
+    from shadowline.deployment import firewall
+
+    path = tmp_path / "firewall.nft"
+    path.write_text(firewall.firewall_rules(plan_of(), "node0"))
+    proc = subprocess.run(["nft", "-c", "-f", str(path)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
