@@ -1,4 +1,5 @@
-"""Loopback helpers shared by the stand-in, Slurm and library tests: free ports, a bounded wait, a local etcd.
+"""Loopback helpers shared by the stand-in, Slurm and library tests: free ports, a bounded wait, a local etcd, a
+proxy that cuts etcd's answers short.
 
 Everything listens on 127.0.0.1. ``start_etcd`` runs etcd in its own session and ``LocalEtcd.stop`` kills its
 whole process group; tests that track processes themselves (tests/standin/harness.py's ``Procs``) start
@@ -12,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -96,3 +98,48 @@ def start_etcd(workdir: Path, name: str = "slurm-test") -> LocalEtcd:
         etcd.stop()
         raise
     return etcd
+
+
+class CuttingProxy:
+    """A TCP proxy to etcd that cuts every ``every``-th answer in half and closes the connection; with ``only``,
+    just the answers to requests that contain it (e.g. ``b"/v3/kv/txn"``), the rest passed whole."""
+
+    def __init__(self, target: tuple[str, int], every: int, only: bytes | None = None) -> None:
+        self.target = target
+        self.every = every
+        self.only = only
+        self.count = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                client, _unused = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.relay, args=(client,), daemon=True).start()
+
+    def relay(self, client: socket.socket) -> None:
+        with client, socket.create_connection(self.target, timeout=5) as upstream:
+            client.settimeout(5)
+            request = client.recv(65536)
+            cut = False
+            if self.only is None or self.only in request:
+                self.count += 1
+                cut = self.count % self.every == 0
+            upstream.sendall(request)
+            answer = b""
+            try:
+                while True:  # urllib asks for Connection: close: the answer ends when etcd closes
+                    chunk = upstream.recv(65536)
+                    if not chunk:
+                        break
+                    answer += chunk
+            except OSError:
+                pass
+            client.sendall(answer[: len(answer) // 2] if cut else answer)
+
+    def close(self) -> None:
+        self.listener.close()

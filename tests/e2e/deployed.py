@@ -15,7 +15,10 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from shadowline.control.access import controller_etcd
+from shadowline.control.etcd_client import Etcd
 from shadowline.control.failover_metrics import engine_failover_view
+from shadowline.deployment.plan import Plan
 from shadowline.drill.load import Request, run_load
 
 from ..loopback import wait_until
@@ -57,6 +60,14 @@ class Deployed:
         proc = self.tb.exec_in(host, list(argv), timeout=timeout)
         assert proc.returncode == 0, f"{host}: {' '.join(argv)}: {proc.stderr.strip()}"
         return proc.stdout
+
+    def plan(self) -> Plan:
+        """The plan the deployment runs (plan.json on the leader node)."""
+        return Plan.from_dict(json.loads(self.on(LEADER, "cat", f"/etc/shadowline/{DEPLOYMENT}/plan.json")))
+
+    def etcd(self, user: str = "agent") -> Etcd:
+        """The deployment's etcd as one of its identities (the controller's copy of the password)."""
+        return controller_etcd(self.plan(), timeout=2.0, deadline=3.0, user=user)
 
     # --- what the agents say -----------------------------------------------------------------------------------
     def events(self, host: str = LEADER, since: float = 0.0, event: str | None = None) -> list[dict[str, Any]]:

@@ -51,8 +51,8 @@ AGENT_METRICS_PORT = 8480
 PROXY_PORT = 23790
 
 
-def etcd() -> Etcd:
-    return Etcd(f"http://{d.address}:2379", timeout=2.0, deadline=3.0)
+def etcd(user: str = "agent") -> Etcd:
+    return d.etcd(user)
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +237,7 @@ def test_row04_etcd_unreachable_3s_right_after_kill_leader(steady: dict[str, Any
 
 def test_row05_compaction_and_defrag_then_kill_leader(steady: dict[str, Any]) -> None:
     t0 = steady["t0"]
-    client = etcd()
+    client = etcd("root")  # compaction and defragmentation are etcd administration
     client.compact(client.range_prefix(KEYS.root)[1])
     client.defragment()
     serving = d.serving()

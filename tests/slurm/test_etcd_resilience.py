@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from shadowline.control.coordination import Keys, Slot
+from shadowline.control.coordination import FAILED, RUNNING, Coordination, Keys, Slot
 from shadowline.control.etcd_client import Etcd, EtcdError
 from shadowline.control.feed import EtcdFeed
 
-from ..loopback import start_etcd, wait_until
+from ..loopback import CuttingProxy, start_etcd, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -24,46 +24,6 @@ def etcd_server(tmp_path_factory):
     server = start_etcd(tmp_path_factory.mktemp("etcd"))
     yield server
     server.stop()
-
-
-class CuttingProxy:
-    """A TCP proxy to etcd that cuts every ``every``-th answer in half and closes the connection."""
-
-    def __init__(self, target: tuple[str, int], every: int) -> None:
-        self.target = target
-        self.every = every
-        self.count = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self.serve, daemon=True).start()
-
-    def serve(self) -> None:
-        while True:
-            try:
-                client, _unused = self.listener.accept()
-            except OSError:
-                return
-            self.count += 1
-            threading.Thread(target=self.relay, args=(client, self.count % self.every == 0), daemon=True).start()
-
-    def relay(self, client: socket.socket, cut: bool) -> None:
-        with client, socket.create_connection(self.target, timeout=5) as upstream:
-            client.settimeout(5)
-            request = client.recv(65536)
-            upstream.sendall(request)
-            answer = b""
-            try:
-                while True:  # urllib asks for Connection: close: the answer ends when etcd closes
-                    chunk = upstream.recv(65536)
-                    if not chunk:
-                        break
-                    answer += chunk
-            except OSError:
-                pass
-            client.sendall(answer[: len(answer) // 2] if cut else answer)
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 def target_of(url: str) -> tuple[str, int]:
@@ -148,3 +108,22 @@ def test_the_feed_resyncs_after_its_watch_revision_was_compacted(etcd_server):
         os.close(wake_r)
         os.close(wake_w)
         etcd.delete_prefix(keys.root)
+
+
+@pytest.mark.parametrize("members", ["one", "two"])
+def test_a_declaration_whose_answer_was_cut_short_is_known_as_ours(etcd_server, members):
+    """Row 7's ambiguity: etcd applied the declaration, its answer was cut. Alone, the call failed; with another
+    member, the retried compare-and-swap found the record changed. Either way the record says it was ours."""
+    proxy = CuttingProxy(target_of(etcd_server.url), every=1, only=b"/v3/kv/txn")
+    deployment = f"cut-declare-{members}"
+    try:
+        Coordination(Etcd(etcd_server.url), deployment).create_slot(Slot(cohort=0, generation=3, state=RUNNING))
+        endpoints = [proxy.url] if members == "one" else [proxy.url, etcd_server.url]
+        coord = Coordination(Etcd(endpoints, timeout=2.0, deadline=3.0), deployment)
+        declared = coord.declare_failed(0, 3, "rank-exited", "node2")
+        assert declared is not None and declared.state == FAILED and declared.detected_by == "node2"
+        assert proxy.count >= 1, "the proxy cut no answer"
+        assert coord.declare_failed(0, 3, "rank-exited", "node1") is None  # declared once only
+    finally:
+        proxy.close()
+        Etcd(etcd_server.url).delete_prefix(f"/shadowline/{deployment}/")

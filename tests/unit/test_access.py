@@ -13,7 +13,7 @@ import pytest
 from shadowline.control.access import AGENT, DYNAMO, ROOT, ensure_etcd_auth, etcd_from_env
 from shadowline.control.coordination import RUNNING, Coordination, Slot
 from shadowline.control.etcd_client import Etcd, EtcdAuth, EtcdError
-from tests.loopback import start_etcd
+from tests.loopback import CuttingProxy, start_etcd
 
 PASSWORDS = {ROOT: "root-pw-0123456789", AGENT: "agent-pw-0123456789", DYNAMO: "dynamo-pw-0123456789"}
 
@@ -97,3 +97,23 @@ def test_password_rotation(secured: str):
 def test_secrets_never_in_reprs(tmp_path: Path):
     auth = EtcdAuth(AGENT, PASSWORDS[AGENT])
     assert PASSWORDS[AGENT] not in repr(auth) and PASSWORDS[AGENT] not in repr(Etcd("http://x:1", auth=auth))
+
+
+def test_answers_cut_short_are_etcd_errors_with_authentication_too(secured: str):
+    """Fault matrix row 7 with authentication on: a token request or an answer cut in half is an EtcdError (which
+    the agent handles), never another exception; an empty token is never kept."""
+    host, port = secured.rsplit("//", 1)[1].rsplit(":", 1)
+    proxy = CuttingProxy((host, int(port)), every=3)
+    try:
+        errors = 0
+        for i in range(30):
+            client = Etcd(proxy.url, timeout=2.0, deadline=2.0, auth=EtcdAuth(AGENT, PASSWORDS[AGENT]))
+            for _unused in range(2):
+                try:
+                    client.put(f"/shadowline/unit/cut/{i}", "x")
+                except EtcdError:
+                    errors += 1  # anything else escapes and fails the test
+            assert "" not in client.auth._tokens.values()
+        assert errors >= 5
+    finally:
+        proxy.close()

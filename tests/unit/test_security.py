@@ -148,3 +148,45 @@ def test_firewall_rules_pass_nft_check(tmp_path: Path):
     path.write_text(firewall.firewall_rules(plan_of(), "node0"))
     proc = subprocess.run(["nft", "-c", "-f", str(path)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.skipif(not shutil.which("nats-server"), reason="needs nats-server (bindep)")
+@pytest.mark.parametrize("infra", [1, 3])
+def test_nats_configuration_with_tls_passes_nats_server_check(tmp_path: Path, infra: int):
+    """nats-server's own configuration check (`-t`) accepts what the plan renders, a 3-member cluster with TLS on
+    its routes included, with the deployment's real certificates in place."""
+    hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16}, gms_secrets_dir=str(tmp_path / "controller"))
+    infra_hosts = [f"infra{i}" for i in range(infra)] if infra > 1 else []
+    for i, host in enumerate(infra_hosts):
+        hv[host] = {"ansible_host": f"198.18.0.{50 + i}"}
+    contract, problems = parse_contract(hv, hosts, infra_hosts)
+    assert not problems and contract is not None, problems
+    plan = build_plan(contract, state_dir=str(tmp_path / "state"), config_dir=str(tmp_path / "config"))
+    ensure_secrets(plan)
+    for host in plan.infra_hosts:
+        for item in host_files(plan, host):
+            Path(item["dest"]).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(item["src"], item["dest"])
+        (path, text), = plan.infra.nats[plan.infra_hosts.index(host)].files.items()
+        Path(path).write_text(text)
+        proc = subprocess.run(["nats-server", "-c", path, "-t"], capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, f"{host}: {proc.stdout}{proc.stderr}\n{text}"
+
+
+def test_with_tls_each_client_gets_one_nats_server_of_the_cluster():
+    """Dynamo 1.6.1 does not connect to a list of tls:// servers: with TLS and 3 infra hosts, each process gets
+    one, spread over the members by node rank (the frontend its own host's); plain text keeps the list."""
+    hv, hosts = hostvars(3, gms_engine={"tensor_parallel_size": 24})
+    for i in range(3):
+        hv[f"infra{i}"] = {"ansible_host": f"198.18.0.{50 + i}"}
+    infra = ["infra0", "infra1", "infra2"]
+    contract, problems = parse_contract(hv, hosts, infra)
+    assert not problems and contract is not None
+    plan = build_plan(contract)
+    seeds = [r.process.env["NATS_SERVER"] for r in plan.cohort(0).ranks]
+    assert seeds == ["tls://198.18.0.50:4222", "tls://198.18.0.51:4222", "tls://198.18.0.52:4222"]
+    assert plan.infra.frontend.env["NATS_SERVER"] == "tls://198.18.0.50:4222"
+    hv_insecure = {h: {**v, "gms_insecure": True} if h in hosts else v for h, v in hv.items()}
+    contract, _unused = parse_contract(hv_insecure, hosts, infra)
+    assert contract is not None
+    assert build_plan(contract).cohort(0).ranks[0].process.env["NATS_SERVER"].count("nats://") == 3

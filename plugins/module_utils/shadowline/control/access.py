@@ -49,6 +49,16 @@ def etcd_for(plan: Plan, timeout: float = 2.0, *, user: str = AGENT, password_fi
     return Etcd(plan.infra.etcd_endpoints, timeout=timeout, deadline=deadline, auth=EtcdAuth(user, password))
 
 
+def controller_etcd(plan: Plan, timeout: float = 2.0, deadline: float = 3.0, user: str = AGENT) -> Etcd:
+    """The deployment's etcd from the Ansible controller (benchmarks, tests): the agents' identity by default
+    (``root`` for maintenance such as defragmenting), its password from ``gms_secrets_dir`` where
+    ``shadowline.gms.secrets`` keeps it."""
+    if not plan.secure or plan.security is None:
+        return etcd_for(plan, timeout, deadline=deadline)
+    password_file = os.path.join(plan.security.controller_path, f"etcd-{user}.password")
+    return etcd_for(plan, timeout, user=user, password_file=password_file, deadline=deadline)
+
+
 def etcd_from_env(timeout: float = 2.0, environ: dict[str, str] | None = None) -> Etcd | None:
     """The etcd a Dynamo process of this node uses (ETCD_ENDPOINTS, ETCD_AUTH_USERNAME/PASSWORD), None without one."""
     env = os.environ if environ is None else environ

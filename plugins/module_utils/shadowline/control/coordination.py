@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from .etcd_client import KV, Etcd
+from .etcd_client import KV, Etcd, EtcdError
 
 RUNNING, FAILED, LAUNCHING, DEAD = "running", "failed", "launching", "dead"
 STATES = (RUNNING, FAILED, LAUNCHING, DEAD)
@@ -173,7 +173,22 @@ class Coordination:
             return None
         failed = Slot(cohort=cohort, generation=generation, state=FAILED, reason=reason, attempts=current.attempts,
                       detected_by=host)
-        return failed if self.swap(failed, revision) else None
+        try:
+            if self.swap(failed, revision):
+                return failed
+        except EtcdError:
+            if not self.landed(failed):
+                raise
+            return failed
+        # the answer to a swap that did land can be lost (cut short, then retried on another member, whose
+        # compare fails): the record as it stands says whether this call wrote it
+        return failed if self.landed(failed) else None
+
+    def landed(self, slot: Slot) -> bool:
+        """Whether the slot's record is exactly ``slot`` (this caller's write, to the byte); EtcdError when etcd
+        does not answer."""
+        kv = self.etcd.get(self.keys.slot(slot.cohort))
+        return kv is not None and kv.value == slot.to_json().encode()
 
     def confirm_gone(self, cohort: int, generation: int, host: str, when: float) -> None:
         self.etcd.put(self.keys.gone(cohort, generation, host), json.dumps({"time": when}))

@@ -9,6 +9,7 @@ shadowline.standin.engine`` with exactly the same flags and environment: only th
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -82,6 +83,11 @@ class Security:
     dir: str  # on every host: <config_dir>/secrets (root:<service user> 0750)
     controller_dir: str  # gms_secrets_dir on the controller: the CA, every certificate and password
     firewall_allow: tuple[str, ...] = ()  # gms_firewall_allow: sources the host firewall lets in besides the hosts
+
+    @property
+    def controller_path(self) -> str:
+        """``controller_dir`` as an absolute path on the controller (``~`` expanded)."""
+        return os.path.abspath(os.path.expanduser(self.controller_dir))
 
     @property
     def ca(self) -> str:
@@ -408,16 +414,23 @@ def _nats_server(contract: Contract, dirs: _Dirs, security: Security, node: Node
     if len(contract.infra_hosts) > 1:
         routes = ", ".join(f'"nats-route://{n.address}:{ports.nats_cluster}"' for n in contract.infra_hosts)
         lines.append(f'cluster {{ name: "shadowline-{contract.deployment}", '
-                     f'listen: "{node.address}:{ports.nats_cluster}", routes: [{routes}] {tls} }}')
+                     f'listen: "{node.address}:{ports.nats_cluster}", routes: [{routes}]' + (f", {tls}" if tls else "") + " }")
     return Process(host=node.host, argv=("/usr/sbin/nats-server", "-c", config_path), env={},
                    files={config_path: "\n".join(lines) + "\n"})
 
 
-def _discovery_env(etcd_endpoints: str, nats_server: str, security: Security) -> dict[str, str]:
+def _discovery_env(etcd_endpoints: str, nats_server: str, security: Security, seed: int = 0) -> dict[str, str]:
     """How every Dynamo client (frontend, engines, agent, Slurm steps) reaches etcd and NATS: the endpoints and,
     unless insecure, the paths of NATS's TLS files. etcd's password is no part of it: the units read it from
-    ``security.dynamo_env`` (ETCD_AUTH_USERNAME/PASSWORD), so it is never in a unit file or the plan."""
-    env = {"ETCD_ENDPOINTS": etcd_endpoints, "NATS_SERVER": nats_server}
+    ``security.dynamo_env`` (ETCD_AUTH_USERNAME/PASSWORD), so it is never in a unit file or the plan.
+
+    With TLS, a client gets one NATS server of the list (``seed``: the client's index, spread over the members):
+    Dynamo 1.6.1 fails to connect ("Failed to connect to NATS") when NATS_SERVER names several ``tls://``
+    servers, while each one alone connects (measured on the 3-infra testbed); NATS's client learns the cluster's
+    other members from the server it reached (docs/security.md)."""
+    servers = nats_server.split(",")
+    env = {"ETCD_ENDPOINTS": etcd_endpoints,
+           "NATS_SERVER": nats_server if security.insecure else servers[seed % len(servers)]}
     if not security.insecure:
         env.update(NATS_TLS_CA_CERT_PATH=security.ca, NATS_TLS_CLIENT_CERT_PATH=security.client_cert,
                    NATS_TLS_CLIENT_KEY_PATH=security.client_key)
@@ -463,7 +476,7 @@ def _rank_plan(contract: Contract, infra: InfraPlan, security: Security, cohort:
         "DYN_VLLM_GMS_SHADOW_MODE": "true",
         "FAILOVER_LOCK_PATH": contract.lock_path,
         "GMS_SOCKET_DIR": contract.socket_dir,
-        **_discovery_env(infra.etcd_endpoints, infra.nats_server, security),
+        **_discovery_env(infra.etcd_endpoints, infra.nats_server, security, seed=node.rank),
         "ETCD_LEASE_TTL": str(engine.lease_ttl_s),
         "DYN_SYSTEM_PORT": str(ports.system),
         "DYN_SYSTEM_HOST": node.address,

@@ -19,7 +19,7 @@ from .plan import ETCD_USERS, Plan
 def controller_dir(plan: Plan) -> str:
     if plan.security is None:
         raise ValueError("the plan has no security settings")
-    return os.path.abspath(os.path.expanduser(plan.security.controller_dir))
+    return plan.security.controller_path
 
 
 def ensure_secrets(plan: Plan) -> list[str]:
