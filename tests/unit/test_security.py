@@ -173,9 +173,9 @@ def test_nats_configuration_with_tls_passes_nats_server_check(tmp_path: Path, in
         assert proc.returncode == 0, f"{host}: {proc.stdout}{proc.stderr}\n{text}"
 
 
-def test_with_tls_each_client_gets_one_nats_server_of_the_cluster():
-    """Dynamo 1.6.1 does not connect to a list of tls:// servers: with TLS and 3 infra hosts, each process gets
-    one, spread over the members by node rank (the frontend its own host's); plain text keeps the list."""
+def test_each_client_gets_one_nats_server_of_the_cluster():
+    """Dynamo 1.6.1 does not connect to a list of NATS servers: with 3 infra hosts, each process gets one, spread
+    over the members by node rank (the frontend its own host's), with TLS or without."""
     hv, hosts = hostvars(3, gms_engine={"tensor_parallel_size": 24})
     for i in range(3):
         hv[f"infra{i}"] = {"ansible_host": f"198.18.0.{50 + i}"}
@@ -189,4 +189,4 @@ def test_with_tls_each_client_gets_one_nats_server_of_the_cluster():
     hv_insecure = {h: {**v, "gms_insecure": True} if h in hosts else v for h, v in hv.items()}
     contract, _unused = parse_contract(hv_insecure, hosts, infra)
     assert contract is not None
-    assert build_plan(contract).cohort(0).ranks[0].process.env["NATS_SERVER"].count("nats://") == 3
+    assert build_plan(contract).cohort(0).ranks[1].process.env["NATS_SERVER"] == "nats://198.18.0.51:4222"

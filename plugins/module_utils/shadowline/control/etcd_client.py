@@ -127,11 +127,16 @@ class EtcdAuth(urllib.request.BaseHandler):
                                              headers={"Content-Type": "application/json"})
             try:
                 with self._open(request, timeout) as response:
-                    self._tokens[endpoint] = json.loads(response.read()).get("token") or ""
+                    token = json.loads(response.read()).get("token")
             except urllib.error.HTTPError as err:
                 message = _error_body(err).get("message") or err.reason
                 raise urllib.error.HTTPError(err.url, err.code, f"etcd user {self.user}: {message}", err.headers,
                                              None) from None
+            except (ValueError, AttributeError):  # an answer cut short, or not the JSON object etcd sends
+                token = None
+            if not isinstance(token, str) or not token:
+                raise urllib.error.URLError(f"etcd at {endpoint} gave user {self.user} no token (answer cut short?)")
+            self._tokens[endpoint] = token
         return self._tokens[endpoint]
 
     @staticmethod

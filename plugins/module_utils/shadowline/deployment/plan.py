@@ -424,13 +424,12 @@ def _discovery_env(etcd_endpoints: str, nats_server: str, security: Security, se
     unless insecure, the paths of NATS's TLS files. etcd's password is no part of it: the units read it from
     ``security.dynamo_env`` (ETCD_AUTH_USERNAME/PASSWORD), so it is never in a unit file or the plan.
 
-    With TLS, a client gets one NATS server of the list (``seed``: the client's index, spread over the members):
-    Dynamo 1.6.1 fails to connect ("Failed to connect to NATS") when NATS_SERVER names several ``tls://``
-    servers, while each one alone connects (measured on the 3-infra testbed); NATS's client learns the cluster's
-    other members from the server it reached (docs/security.md)."""
+    A client gets one NATS server of the cluster (``seed``: the client's index, spread over the members):
+    Dynamo 1.6.1 does not connect ("Failed to connect to NATS") when NATS_SERVER names several servers, with or
+    without TLS, while each one alone connects (measured on the 3-infra testbed); NATS's client learns the
+    cluster's other members from the server it reached (docs/reliability.md)."""
     servers = nats_server.split(",")
-    env = {"ETCD_ENDPOINTS": etcd_endpoints,
-           "NATS_SERVER": nats_server if security.insecure else servers[seed % len(servers)]}
+    env = {"ETCD_ENDPOINTS": etcd_endpoints, "NATS_SERVER": servers[seed % len(servers)]}
     if not security.insecure:
         env.update(NATS_TLS_CA_CERT_PATH=security.ca, NATS_TLS_CLIENT_CERT_PATH=security.client_cert,
                    NATS_TLS_CLIENT_KEY_PATH=security.client_key)
