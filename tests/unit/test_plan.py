@@ -134,7 +134,8 @@ def test_three_infra_hosts_give_every_endpoint():
     assert not problems and contract is not None
     plan = build_plan(contract)
     assert plan.infra.etcd_endpoints == "http://198.18.1.1:2379,http://198.18.1.2:2379,http://198.18.1.3:2379"
-    assert plan.cohort(0).ranks[0].process.env["ETCD_ENDPOINTS"] == plan.infra.etcd_endpoints
+    assert plan.cohort(0).ranks[0].process.env["ETCD_ENDPOINTS"] == "http://198.18.1.1:2379"  # one member (security.py)
+    assert plan.cohort(1).ranks[1].process.env["ETCD_ENDPOINTS"] == "http://198.18.1.2:2379"
     assert plan.infra.frontend.host == "infra0"
     assert flag(plan.infra.frontend.argv, "--migration-limit") == "3"
 

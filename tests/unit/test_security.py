@@ -173,20 +173,25 @@ def test_nats_configuration_with_tls_passes_nats_server_check(tmp_path: Path, in
         assert proc.returncode == 0, f"{host}: {proc.stdout}{proc.stderr}\n{text}"
 
 
-def test_each_client_gets_one_nats_server_of_the_cluster():
-    """Dynamo 1.6.1 does not connect to a list of NATS servers: with 3 infra hosts, each process gets one, spread
-    over the members by node rank (the frontend its own host's), with TLS or without."""
-    hv, hosts = hostvars(3, gms_engine={"tensor_parallel_size": 24})
+def test_each_dynamo_client_gets_one_member_of_each_cluster():
+    """Dynamo 1.6.1 does not connect to a list of NATS servers and fails calls to a stopped etcd member of a list:
+    with 3 infra hosts each cohort gets one member of each (all its ranks the same), spread by cohort number, the
+    frontend the first; with TLS or without. The agents keep every member."""
+    hv, hosts = hostvars(3, gms_engine={"tensor_parallel_size": 24}, gms_cohorts=3)
     for i in range(3):
         hv[f"infra{i}"] = {"ansible_host": f"198.18.0.{50 + i}"}
     infra = ["infra0", "infra1", "infra2"]
     contract, problems = parse_contract(hv, hosts, infra)
     assert not problems and contract is not None
     plan = build_plan(contract)
-    seeds = [r.process.env["NATS_SERVER"] for r in plan.cohort(0).ranks]
-    assert seeds == ["tls://198.18.0.50:4222", "tls://198.18.0.51:4222", "tls://198.18.0.52:4222"]
+    for cohort in range(3):
+        envs = [r.process.env for r in plan.cohort(cohort).ranks]
+        assert {e["NATS_SERVER"] for e in envs} == {f"tls://198.18.0.{50 + cohort}:4222"}
+        assert {e["ETCD_ENDPOINTS"] for e in envs} == {f"http://198.18.0.{50 + cohort}:2379"}
     assert plan.infra.frontend.env["NATS_SERVER"] == "tls://198.18.0.50:4222"
+    assert plan.infra.frontend.env["ETCD_ENDPOINTS"] == "http://198.18.0.50:2379"
+    assert plan.infra.etcd_endpoints.count("http://") == 3
     hv_insecure = {h: {**v, "gms_insecure": True} if h in hosts else v for h, v in hv.items()}
     contract, _unused = parse_contract(hv_insecure, hosts, infra)
     assert contract is not None
-    assert build_plan(contract).cohort(0).ranks[1].process.env["NATS_SERVER"] == "nats://198.18.0.51:4222"
+    assert build_plan(contract).cohort(1).ranks[0].process.env["NATS_SERVER"] == "nats://198.18.0.51:4222"

@@ -420,16 +420,19 @@ def _nats_server(contract: Contract, dirs: _Dirs, security: Security, node: Node
 
 
 def _discovery_env(etcd_endpoints: str, nats_server: str, security: Security, seed: int = 0) -> dict[str, str]:
-    """How every Dynamo client (frontend, engines, agent, Slurm steps) reaches etcd and NATS: the endpoints and,
+    """How every Dynamo client (frontend, engines, Slurm steps) reaches etcd and NATS: one member of each and,
     unless insecure, the paths of NATS's TLS files. etcd's password is no part of it: the units read it from
     ``security.dynamo_env`` (ETCD_AUTH_USERNAME/PASSWORD), so it is never in a unit file or the plan.
 
-    A client gets one NATS server of the cluster (``seed``: the client's index, spread over the members):
-    Dynamo 1.6.1 does not connect ("Failed to connect to NATS") when NATS_SERVER names several servers, with or
-    without TLS, while each one alone connects (measured on the 3-infra testbed); NATS's client learns the
-    cluster's other members from the server it reached (docs/reliability.md)."""
-    servers = nats_server.split(",")
-    env = {"ETCD_ENDPOINTS": etcd_endpoints, "NATS_SERVER": servers[seed % len(servers)]}
+    One member, not the list (``seed``: the frontend 0, a cohort its number, spread over the members), because
+    of what Dynamo 1.6.1 does with a list (measured on the 3-infra testbed): NATS_SERVER with several servers,
+    TLS or not, never connects ("Failed to connect to NATS"); ETCD_ENDPOINTS with several members sends a share
+    of its calls to a member that is down and fails them ("tcp connect error"), so an engine starting while one
+    member is stopped exits before it registers. With one member each, a stopped member takes down only the
+    cohorts that use it, and a parked shadow on another member takes over (docs/reliability.md). The agents'
+    own client uses every member (control/etcd_client.py)."""
+    servers, members = nats_server.split(","), etcd_endpoints.split(",")
+    env = {"ETCD_ENDPOINTS": members[seed % len(members)], "NATS_SERVER": servers[seed % len(servers)]}
     if not security.insecure:
         env.update(NATS_TLS_CA_CERT_PATH=security.ca, NATS_TLS_CLIENT_CERT_PATH=security.client_cert,
                    NATS_TLS_CLIENT_KEY_PATH=security.client_key)
@@ -475,7 +478,7 @@ def _rank_plan(contract: Contract, infra: InfraPlan, security: Security, cohort:
         "DYN_VLLM_GMS_SHADOW_MODE": "true",
         "FAILOVER_LOCK_PATH": contract.lock_path,
         "GMS_SOCKET_DIR": contract.socket_dir,
-        **_discovery_env(infra.etcd_endpoints, infra.nats_server, security, seed=node.rank),
+        **_discovery_env(infra.etcd_endpoints, infra.nats_server, security, seed=cohort),
         "ETCD_LEASE_TTL": str(engine.lease_ttl_s),
         "DYN_SYSTEM_PORT": str(ports.system),
         "DYN_SYSTEM_HOST": node.address,
