@@ -185,8 +185,11 @@ class Load:
     """Constant request load through the frontend (the drills' open-loop generator, drill/load.py) in a
     thread, for the length of a ``with`` block (bounded: at most ``max_requests``, at most ``duration_s``)."""
 
+    last: Load | None = None  # the latest load started (the fault matrix reports it per row)
+
     def __init__(self, deployed: Deployed, rate: float = 10.0, duration_s: float = 120.0,
                  max_requests: int = 1200) -> None:
+        Load.last = self
         self.args = (deployed.frontend, MODEL, rate, duration_s, max_requests)
         self.stop = threading.Event()
         self.requests: list[Request] = []

@@ -38,6 +38,7 @@ from testbed.pytest_fixtures import skip_reason
 from ..loopback import wait_until
 from . import launch
 from .deployed import LEADER, NODES, UNIT, Deployed, Load
+from .site_helpers import say
 
 INSTANCE = "8"
 # an engine's discovery lease of 60 s: Dynamo 1.6.1 ends an engine whose lease keep-alive failed that long, and
@@ -80,15 +81,22 @@ def deployment() -> Iterator[None]:
 
 
 @pytest.fixture
-def steady(deployment: None) -> Iterator[dict[str, Any]]:
-    """A whole deployment before the row, and what must be the same after it."""
+def steady(deployment: None, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """A whole deployment before the row, and what must be the same after it. The row's measured outcome (its
+    load, what was declared, ``figures`` it adds) is printed at its end: docs/reliability.md's table."""
     d.assert_whole()
     wait_until(lambda: all(s.slot.attempts == 0 for s in _slots().values()) or None, 30, 0.5,
                "the slots' crash-loop counters back at 0")
-    before = {"agents": d.agents(), "model": d.model_status(), "t0": time.time()}
+    before = {"agents": d.agents(), "model": d.model_status(), "t0": time.time(), "figures": {}}
+    Load.last = None
     yield before
     assert d.model_status() == before["model"], "the staged model changed"
     d.assert_whole()
+    load = Load.last
+    reasons = sorted({f"{e['cohort']}:{e['detail'].get('reason')}" for e in declared(before["t0"])})
+    say(request, f"matrix {request.node.name}: "
+                 + (f"{len(load.requests)} requests, {len(load.failed())} failed; " if load else "")
+                 + f"declared {reasons or 'nothing'}; " + json.dumps(before["figures"]))
 
 
 def _slots() -> dict[int, Any]:
@@ -279,6 +287,8 @@ def test_row06_slow_etcd_never_delays_the_local_kill(steady: dict[str, Any]) -> 
             gone = wait_event("ranks-gone", killed - 0.01, 10, "node2", parked)
             mine = wait_event("failure-declared", killed - 0.01, 20, cohort=parked)
             wait_event("relaunch-complete", t0, 90, LEADER, parked)
+    steady["figures"].update(local_kill_s=round(gone["time"] - exited["time"], 3),
+                             declared_after_s=round(mine["time"] - exited["time"], 3))
     assert gone["time"] - exited["time"] < 0.2, (exited, gone)
     assert gone["time"] < mine["time"], "the local kill waited for etcd"
     d.assert_no_mixed_generation(parked)
@@ -330,6 +340,7 @@ def test_row09_rank_outliving_sigkill_is_not_gone_until_its_cgroup_is_empty(stea
     finally:
         tb.exec_in("node2", ["sh", "-c", f"echo THAWED > {FREEZE}/freezer.state; kill -9 {stuck}; sleep 0.2; "
                                          f"rmdir {FREEZE}"], timeout=30)
+    steady["figures"].update(gone_after_kill_s=round(gone["time"] - killed, 3))
     assert not_gone["time"] < gone["time"]
     assert gone["time"] - killed >= 5.0, "confirmed gone while the cgroup still had a process"
     assert scheduled["time"] >= gone["time"], "relaunched before the old rank was gone everywhere"
@@ -429,10 +440,12 @@ def test_row13_worker_host_rebooted(steady: dict[str, Any]) -> None:
     """node2 loses power and boots again: every cohort had a rank there (each cohort spans every node), so serving
     stops until node2 is back and the cohorts are relaunched; nothing older serves after (no mixed generation)."""
     with Load(d, duration_s=180, max_requests=1800) as load:
+        rebooted = time.time()
         seconds = tb.reboot("node2")
         assert seconds < 60
         wait_until(d.completion_ok, 120, 0.5, "serving again after node2's reboot")
         back = time.time()
+        steady["figures"].update(reboot_s=round(seconds, 1), serving_again_s=round(back - rebooted, 1))
         time.sleep(2)
     for cohort in (0, 1):
         d.assert_no_mixed_generation(cohort)
@@ -453,15 +466,19 @@ def test_row14_the_only_infra_host_stopped_and_started(steady: dict[str, Any]) -
             d.on(LEADER, "systemctl", "start", *reversed(infra))
         wait_until(d.completion_ok, 60, 0.5, "serving after the infra host is back")
         back = time.time()
+        steady["figures"].update(serving_again_after_restart_s=round(back - t0 - 5, 1))
         time.sleep(3)
     assert declared(t0) == [], "losing the infra host failed a generation"
     assert load.failed(after=back + 1) == [], load.summary()
     same_agents(steady)
 
 
-def test_row14b_one_etcd_member_of_three_stopped_during_a_kill_leader(deployment: None, tmp_path: Any) -> None:
+def test_row14b_one_etcd_member_of_three_stopped_during_a_kill_leader(deployment: None, tmp_path: Any,
+                                                                      request: pytest.FixtureRequest) -> None:
     """The 3-host infra layout (gms_infra: node0..2, three etcd members): one member stopped, then a kill-leader:
-    agents stay up, the failover completes as usual, nothing else is declared. Last: it redeploys the testbed."""
+    agents stay up, the failover completes as usual, nothing else is declared. The member stopped is node2's,
+    which no cohort's engines use (cohort c uses member c: Dynamo 1.6.1 takes one, deployment/plan.py); the
+    agents use all three. Last: it redeploys the testbed."""
     infra = tmp_path / "infra.yml"
     infra.write_text("gms_infra:\n  hosts:\n    node0: {}\n    node1: {}\n    node2: {}\n")
     down = d.playbook("teardown.yml")
@@ -484,6 +501,9 @@ def test_row14b_one_etcd_member_of_three_stopped_during_a_kill_leader(deployment
             time.sleep(2)
         finally:
             d.on("node2", "systemctl", "start", f"{UNIT}-etcd")
+    say(request, f"matrix {request.node.name}: {len(load.requests)} requests, {len(load.failed())} failed, "
+                 f"{len(load.failed(after=after))} after the promotion; declared "
+                 f"{sorted({(e['cohort'], e['detail'].get('reason')) for e in declared(t0)})}")
     assert load.failed(after=after) == [], load.summary()
     assert {e["cohort"] for e in declared(t0)} == {serving}
     d.assert_no_mixed_generation(serving)
