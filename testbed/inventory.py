@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
+
+import yaml
 
 from .journal import State, write_json_atomic
 from .names import BRIDGE_ADDRESS, GROUP_VARS, INSTANCE, INVENTORY, KEY_FILE, REPO_ROOT, STATE_JSON, TESTBED_DIR
@@ -31,6 +34,13 @@ def inventory_text(state: State) -> str:
         lines += [f"    slurm_controller: {{hosts: {{{state.hosts[0].name}: {{}}}}}}",
                   f"    slurm_compute: {{hosts: {{{compute}}}}}"]
     return "\n".join(lines) + "\n"
+
+
+def failover_of_testbed(**overrides: Any) -> dict[str, Any]:
+    """The testbed deployment's gms_failover (its group_vars), with ``overrides``: what a test or benchmark passes
+    as extra variables (``-e`` replaces the whole mapping, so it starts from these)."""
+    data = yaml.safe_load((GROUP_VARS / "gms_nodes.yml").read_text())
+    return {**(data.get("gms_failover") or {}), **overrides}
 
 
 def write_outputs(state: State) -> None:

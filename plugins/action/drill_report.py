@@ -48,6 +48,8 @@ def build_evidence(args: dict[str, Any]) -> dict[str, Any]:
                   "settled": bool(settle.get("settled")), "settle_note": settle.get("note", "")},
         "events": [e for r in after.values() for e in r.get("events", [])],
         "requests": list(args.get("requests") or []),
+        "restored": {"unfenced": bool(restored.get("unfenced")),
+                     "steady_after_unfence": bool(restored.get("steady_after_unfence"))},
     }
 
 

@@ -13,8 +13,9 @@ version_added: "0.1.0"
 description:
   - For each cohort of the plan, the rank on this node - its systemd unit, main pid and state - C(parked)
     (leader in standby, waiting for the failover lock), C(waking), C(active) (serving), C(starting),
-    C(running) (a headless rank whose collective progresses), C(wedged) (alive but its health or heartbeat does
-    not answer) or C(dead) (no process).
+    C(running) (a headless rank's process runs, which is all it shows), C(wedged) (a leader alive but its
+    C(/health) does not answer) or C(dead) (no process). A leader's entry also has C(requests_running) and
+    C(generated_tokens) from vLLM's progress metrics when it serves them.
   - On the node that holds the cohorts' leaders, also the live holder of the failover lock.
   - Read-only; the same code serves the failover agent.
 options:
@@ -22,10 +23,6 @@ options:
     description: How long a leader's C(/health) may take before the rank counts as wedged.
     type: float
     default: 1.0
-  heartbeat_stall_s:
-    description: How old a stand-in rank's collective heartbeat may be before it counts as wedged.
-    type: float
-    default: 3.0
 attributes:
   platform:
     platforms: posix
@@ -77,7 +74,6 @@ def main() -> None:
             "plan": {"type": "dict", "required": True},
             "host": {"type": "str", "required": True},
             "health_timeout_s": {"type": "float", "default": 1.0},
-            "heartbeat_stall_s": {"type": "float", "default": 3.0},
         },
         supports_check_mode=True,
     )
@@ -86,7 +82,7 @@ def main() -> None:
     if host not in plan.hosts + plan.infra_hosts:
         module.fail_json(msg=f"host: {host} is not a node of deployment {plan.deployment}. "
                              "Fix: pass the node's inventory name (inventory_hostname).")
-    ranks = rank_states(plan, host, module.params["health_timeout_s"], module.params["heartbeat_stall_s"])
+    ranks = rank_states(plan, host, module.params["health_timeout_s"])
     leader = any(r["leader"] for r in ranks)
     module.exit_json(changed=False, ranks=ranks, lock_holder=lock_holder(plan.lock_path) if leader else None)
 

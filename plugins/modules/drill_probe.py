@@ -32,7 +32,9 @@ options:
     required: true
     choices: [steady, before, settle, after]
   fault:
-    description: With I(mode=steady), the fault whose target to choose.
+    description:
+      - With I(mode=steady), the fault whose target to choose; with I(mode=settle), the fault whose end to wait
+        for (a fault that fences a node ends once every slot is held).
     type: str
   target:
     description: With I(fault), the node the fault lands on instead of its default.
@@ -209,8 +211,9 @@ def main() -> None:
         elif p["mode"] == "settle":
             if p["since"] is None:
                 module.fail_json(msg="since: the time of the fault is required with mode=settle")
+            fences = fault(p["fault"]).fences if p["fault"] else False
             ok, at, note = wait_settled(plan, p["since"], p["slots_before"], p["expect_failure"], p["min_s"],
-                                        p["timeout_s"])
+                                        p["timeout_s"], fences)
             result.update(settled=ok, settled_at=at, note=note)
         else:
             result.update(survivors=survivors(p["snapshot"]), agent=service_state(plan, "agent"),

@@ -13,9 +13,10 @@ version_added: "0.1.0"
 description:
   - Runs on the node the fault lands on (C(playbooks/drill.yml) delegates it there), as root.
   - C(kill-leader), C(kill-worker), C(kill-standby) - SIGKILL the main process of the cohort's engine unit on
-    this node. C(hang-leader) - SIGSTOP every process of the cohort's engine unit (the whole engine freezes).
-    C(hang-worker) - write C(hang-collective) into the stand-in's per-rank fault control file
-    (C(<lock dir>/fault-engine-<id>-rank-<r>)). C(kill-gms), C(kill-agent) - SIGKILL the main process of the
+    this node. C(hang-leader), C(hang-worker) - SIGSTOP every process of the cohort's engine unit on this node
+    (the leader's or a headless rank's; the whole rank freezes). C(stall-generation) - write C(hang-collective)
+    into the stand-in's per-rank fault control file (C(<lock dir>/fault-engine-<id>-rank-<r>)), so the rank stops in
+    its collective while its process runs. C(kill-gms), C(kill-agent) - SIGKILL the main process of the
     node's GMS server or agent unit. C(cut-node) - a transient unit takes the interface that carries the node's
     address down for I(cut_s) seconds and up again (the module answers first).
   - With I(state=restored), undoes what the drill left - removes the control file, sends SIGCONT to processes
@@ -27,7 +28,8 @@ options:
     description: The fault.
     type: str
     required: true
-    choices: [kill-leader, kill-worker, hang-leader, hang-worker, kill-standby, kill-gms, kill-agent, cut-node]
+    choices: [kill-leader, kill-worker, hang-leader, hang-worker, stall-generation, kill-standby, kill-gms, kill-agent,
+              cut-node]
   cohort:
     description: The cohort whose rank on this node the fault hits (engine faults).
     type: int
@@ -135,7 +137,7 @@ def main() -> None:
     plan = Plan.from_dict(p["plan"])
     if p["host"] not in plan.hosts:
         module.fail_json(msg=f"host: {p['host']} is not a node of deployment {plan.deployment}")
-    if p["fault"] not in ("kill-gms", "kill-agent", "cut-node") and p["cohort"] is None:
+    if FAULTS[p["fault"]].cohort and p["cohort"] is None:
         module.fail_json(msg=f"cohort: {p['fault']} hits a cohort's rank; say which (cohort: <n>)")
     if module.check_mode:
         verb = "undo what" if p["state"] == "restored" else "inject"

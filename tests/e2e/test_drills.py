@@ -10,7 +10,8 @@ Development: SHADOWLINE_DRILLS_KEEP=1 keeps the testbed and its deployment at th
 (skipping site.yml); never in CI.
 
 Settings: ``gms_failover.stable_after_s`` is 8 s here instead of 30, so that drills a few seconds apart on the
-same cohort do not add up to a crash loop (each drill waits until the slots' crash-loop counters are back to 0).
+same cohort do not add up to a crash loop (each drill waits until the slots' crash-loop counters are back to 0);
+detection is tight (``health_timeout_s``, ``progress_stall_s`` and ``canary_interval_s`` 0.5 s).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 
 from shadowline.control.failover_metrics import engine_failover_view
+from testbed.inventory import failover_of_testbed
 from testbed.pytest_fixtures import skip_reason
 
 from ..loopback import wait_until
@@ -42,9 +44,13 @@ LOCK = f"/run/shadowline/{DEPLOYMENT}/gms/failover.lock"
 LEADER = "node0"
 FRONTEND = f"http://198.18.{INSTANCE}.10:8000"
 MODEL = "shadowline/tiny-llama"
-EXTRA_VARS = {"gms_failover": {"stable_after_s": 8}}
-FAULTS = ["kill-leader", "kill-worker", "hang-leader", "hang-worker", "kill-standby", "kill-agent", "kill-gms",
-          "cut-node"]
+# The drills run the stand-in with the tightest detection it stands (issue #14: half the requests the 2 s health
+# timeout lost): hung after 0.5 s without a 200 or a token, idle hangs canaried every 0.5 s.
+EXTRA_VARS = {"gms_failover": failover_of_testbed(stable_after_s=8, health_timeout_s=0.5, progress_stall_s=0.5,
+                                                   canary_interval_s=0.5)}
+FAULTS = ["kill-leader", "kill-worker", "hang-leader", "hang-worker", "stall-generation", "gpu-xid-app",
+          "gpu-xid-fatal", "kill-standby", "kill-agent", "kill-gms", "cut-node"]
+HANGS = ("hang-leader", "hang-worker", "stall-generation")
 
 
 def playbook(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -171,8 +177,14 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("fault", FAULTS)
 def test_drill(deployment: dict[str, Any], reports: Path, fault: str) -> None:
     path = reports / f"{fault}.json"
-    proc = playbook("drill.yml", "-e", f"fault={fault}", "-e", f"drill_report={path}", "-e", "drill_warmup_s=1",
-                    "-e", "drill_tail_s=1")
+    try:
+        proc = playbook("drill.yml", "-e", f"fault={fault}", "-e", f"drill_report={path}", "-e", "drill_warmup_s=1",
+                        "-e", "drill_tail_s=1")
+    finally:
+        if fault == "gpu-xid-fatal":  # the operator's way back, whatever the drill did: the node is not fenced
+            unfenced = playbook("failover.yml", "-e", "unfence=node2")
+            assert unfenced.returncode == 0, tail(unfenced)
+            assert "node2: was not fenced" in unfenced.stdout, "the drill's restore did not unfence node2"
     assert proc.returncode == 0, f"drill {fault} failed:\n{tail(proc)}"
     assert "result: PASS" in proc.stdout
     report = json.loads(path.read_text())
@@ -190,10 +202,16 @@ def test_drill(deployment: dict[str, Any], reports: Path, fault: str) -> None:
                 left = [p["pid"] for p in unit["processes"] if alive_on(host, p["pid"], p["start"])]
                 assert not left, f"{fault}: {host} still runs {left} of cohort {cohort}'s failed generation"
     assert report["orphans"] == []
-    assert report["serving_resumed"], f"{fault}: the last request of the load failed"
+    if fault != "gpu-xid-fatal":  # nothing serves while the node is fenced; the drill's restore unfences it
+        assert report["serving_resumed"], f"{fault}: the last request of the load failed"
     assert_whole()
+    check_fault(fault, report)
 
-    if fault in ("kill-leader", "kill-worker", "hang-leader", "hang-worker"):
+
+def check_fault(fault: str, report: dict[str, Any]) -> None:  # noqa: C901 (one block per fault, flat)
+    """What each fault's drill must show beyond the common checks."""
+    evidence = report["evidence"]
+    if fault in ("kill-leader", "kill-worker", "gpu-xid-app", *HANGS):
         assert report["detect_s"] is not None and report["teardown_s"] is not None
         assert set(report["teardown_per_node"]) == {"node0", "node1", "node2"}
         assert report["promoted_cohort"] is not None
@@ -204,10 +222,21 @@ def test_drill(deployment: dict[str, Any], reports: Path, fault: str) -> None:
     if fault in ("kill-leader", "kill-worker"):
         # the dead cohort stays in discovery until its successor registered: the frontend keeps the model
         assert report["failed_after_promotion"] == 0, report["requests"]
-    if fault in ("hang-leader",):
-        assert report["detect_reason"] in ("leader-hung", "collective-stalled")
-    if fault == "hang-worker":
-        assert report["detect_reason"] == "collective-stalled"
+    if fault in HANGS:
+        # the culprit named: the signal, the node and rank that showed it first
+        # a hang that starts with nothing running (between two requests) shows in no metric: the canary finds it
+        expected = {"leader-hung": "health"} if fault == "hang-leader" else {"generation-stalled": "progress",
+                                                                              "canary-unanswered": "canary"}
+        assert report["detect_reason"] in expected, report["detect_reason"]
+        assert report["culprit"]["signal"] == expected[report["detect_reason"]], report["culprit"]
+        assert report["culprit"]["node"] == LEADER and report["culprit"]["rank"] == 0
+        assert report["failed_after_promotion"] == 0, report["requests"]
+    if fault == "gpu-xid-app":
+        assert report["detect_reason"] == "gpu-xid" and report["culprit"]["gpu"], report["culprit"]
+    if fault == "gpu-xid-fatal":
+        assert {g["reason"] for g in report["failed_generations"]} == {"gpu-fault"}
+        assert {g["cohort"] for g in report["failed_generations"]} == {0, 1}
+        assert report["culprit"]["node"] == "node2" and report["culprit"]["xid"] == 79
     if fault == "kill-standby":
         assert report["requests"]["failed"] == 0, "a standby's death interrupted serving"
         assert report["serving_after"] == report["serving_before"]

@@ -33,6 +33,7 @@ import pytest
 
 from shadowline.control.coordination import Keys, RecordInvalid, Slot
 from shadowline.control.etcd_client import Etcd
+from testbed.inventory import failover_of_testbed
 from testbed.pytest_fixtures import skip_reason
 
 from ..loopback import wait_until
@@ -43,7 +44,7 @@ from .site_helpers import say
 INSTANCE = "8"
 # an engine's discovery lease of 60 s: Dynamo 1.6.1 ends an engine whose lease keep-alive failed that long, and
 # row 2 stops etcd for 30 s (the default, 30 s, survives about 20 s)
-EXTRA_VARS = {"gms_failover": {"stable_after_s": 8, "wake_timeout_s": 4},
+EXTRA_VARS = {"gms_failover": failover_of_testbed(stable_after_s=8, wake_timeout_s=4),
               "gms_engine": {"backend": "standin", "tensor_parallel_size": 3, "gpus_per_node": 1, "lease_ttl_s": 60}}
 d = Deployed(INSTANCE, EXTRA_VARS)
 tb = d.tb

@@ -30,6 +30,7 @@ import pytest
 
 from shadowline.control.failover_metrics import engine_failover_view
 from shadowline.deployment.plan import Plan
+from shadowline.standin.settings import heartbeat_path
 
 from . import launch
 from .site_helpers import http  # straight to the testbed's addresses, never through a proxy
@@ -83,8 +84,7 @@ class Deployment:
 
     def heartbeat(self, cohort: int, node_rank: int) -> str | None:
         """Content (``<step> <time>``) of a rank's collective heartbeat file, read inside its host."""
-        path = self.plan.engine.progress_file(self.plan.lock_dir, self.plan.cohort(cohort).engine_id, node_rank)
-        assert path is not None, "the stand-in has a progress file per rank"
+        path = heartbeat_path(self.plan.cohort(cohort).engine_id, node_rank, self.plan.lock_dir)
         return launch.read_file(self.plan.cohort(cohort).ranks[node_rank].host, path)
 
     def journals(self, *cohorts: int) -> str:

@@ -196,9 +196,9 @@ def test_relaunch_policy_is_gms_failover(tmp_path):
 
 
 def test_watchdog_timeouts_come_from_gms_failover(tmp_path):
-    shared = values(gms_failover={"health_timeout_s": 4, "heartbeat_stall_s": 5, "term_grace_s": 0.5})
+    shared = values(gms_failover={"health_timeout_s": 4, "progress_stall_s": 5, "term_grace_s": 0.5})
     script = render(tmp_path, shared).read_text()
-    assert "--health-timeout 4 \\\n" in script and "--heartbeat-stall 5 \\\n" in script
+    assert "--health-timeout 4 \\\n" in script and "--progress-stall 5 \\\n" in script
     assert "--term-grace 0.5 \\\n" in script and "--stop-grace 30 \\\n" in script
 
 

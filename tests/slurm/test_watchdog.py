@@ -1,4 +1,5 @@
-"""shadowline.control.watchdog: exit codes, signal forwarding, hangs by health and by heartbeat, on loopback.
+"""shadowline.control.watchdog: exit codes, signal forwarding, hangs by health and by vLLM's progress metrics, on
+loopback.
 
 The last test runs a real stand-in cohort (leader + headless rank, the real dynamo.mocker registered in a real
 etcd) with each rank under a watchdog, freezes the leader, and checks both watchdogs end their ranks, the
@@ -32,9 +33,15 @@ FAKE_LEADER = textwrap.dedent("""
     signal.signal(signal.SIGINT, lambda *a: os._exit(0))
     sub = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # stays in our process group
     open(sys.argv[1], "w").write(f"{os.getpid()} {sub.pid}")
+    tokens = [42]
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+            body = b"ok"
+            if self.path == "/metrics" and os.environ.get("FAKE_METRICS"):  # vLLM's progress metrics
+                tokens[0] += os.environ["FAKE_METRICS"] == "moving"
+                body = (f'vllm:num_requests_running{{model_name="m",engine="0"}} 1.0\\n'
+                        f'vllm:generation_tokens_total{{model_name="m",engine="0"}} {tokens[0]}.0\\n').encode()
+            self.send_response(200); self.end_headers(); self.wfile.write(body)
         def log_message(self, *a): pass
     http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["DYN_SYSTEM_PORT"])), H).serve_forever()
 """)
@@ -80,14 +87,18 @@ def test_sigterm_is_forwarded(tmp_path):
     assert proc.returncode == 0 and marker.exists()
 
 
-def start_fake_leader(tmp_path, *options: str) -> tuple[subprocess.Popen, int, int]:
+def start_fake_leader(tmp_path, *options: str, metrics: str = "") -> tuple[subprocess.Popen, int, int]:
+    """A fake leader under the watchdog: /health 200; with ``metrics`` (stalled, moving) vLLM's progress metrics
+    with a request running, and an argv the watchdog takes for the stand-in's (the last argument, ignored)."""
     pids = tmp_path / "pids"
     script = tmp_path / "leader.py"
     script.write_text(FAKE_LEADER)
     port = free_port()
+    backend = ["fake.shadowline.standin.engine"] if metrics else []
     proc = watchdog("--health-timeout", "1.5", "--interval", "0.1", *options, "--",
-                    sys.executable, str(script), str(pids),
-                    env={"DYN_SYSTEM_HOST": "127.0.0.1", "DYN_SYSTEM_PORT": str(port), "ETCD_ENDPOINTS": ""})
+                    sys.executable, str(script), str(pids), *backend,
+                    env={"DYN_SYSTEM_HOST": "127.0.0.1", "DYN_SYSTEM_PORT": str(port), "ETCD_ENDPOINTS": "",
+                         "FAKE_METRICS": metrics})
     wait_until(lambda: pids.exists() and pids.read_text(), 10, what="the fake leader")
     leader, sub = (int(x) for x in pids.read_text().split())
     wait_until(lambda: harness.http("GET", f"http://127.0.0.1:{port}/health", timeout=0.5)[0] == 200, 10,
@@ -107,6 +118,28 @@ def test_health_stall_kills_the_process_group(tmp_path):
     assert not alive(leader) and not alive(sub), "the whole process group is killed"
     hang = [e for e in events(err) if e["event"] == "hang-detected"]
     assert hang and "gave no 200" in hang[0]["detail"]["reason"]
+
+
+def test_stalled_generation_kills_the_process_group_while_health_stays_200(tmp_path):
+    """Requests running, vLLM's token counter still for --progress-stall, /health 200 all along (vllm#16259):
+    a stall, killed; a counter that moves is left alone."""
+    proc, leader, sub = start_fake_leader(tmp_path, "--progress-stall", "1", metrics="stalled")
+    started = time.monotonic()
+    _unused, err = proc.communicate(timeout=20)
+    assert proc.returncode == HANG_EXIT, err[-2000:]
+    assert time.monotonic() - started < 4.0
+    assert not alive(leader) and not alive(sub)
+    hang = [e for e in events(err) if e["event"] == "hang-detected"]
+    assert hang and "no token generated for" in hang[0]["detail"]["reason"], hang
+    (tmp_path / "moving").mkdir()
+    moving, leader, sub = start_fake_leader(tmp_path / "moving", "--progress-stall", "1", metrics="moving")
+    try:
+        time.sleep(3.0)
+        assert moving.poll() is None, "a generating engine was killed"
+    finally:
+        for pid in (moving.pid, leader, sub):
+            os.kill(pid, signal.SIGKILL)
+        moving.communicate(timeout=10)
 
 
 def test_frozen_rank_asked_to_stop_is_killed(tmp_path):
@@ -157,7 +190,7 @@ def test_standin_cohort_leader_hang(procs, infra, tiny_model, short_dir, tmp_pat
     for rank in (0, 1):
         engine = harness.engine_argv(tiny_model, "tiny", tp=2, nnodes=2, rank=rank, master_port=master)
         argv = [str(harness.RUNTIME_PY), "-m", "shadowline.control.watchdog", "--health-timeout", "3",
-                "--heartbeat-stall", "3", "--", *engine]
+                "--progress-stall", "3", "--", *engine]
         rank_env = {**env, "SHADOWLINE_STANDIN_GPUS": GPUS[rank], "SHADOWLINE_COHORT": "0",
                     "SHADOWLINE_NODE_RANK": str(rank)}
         ranks.append(procs.start(f"rank-{rank}", argv, rank_env))

@@ -10,6 +10,7 @@ from shadowline.control.actions import (
     BeginPromotion,
     ClearGmsLost,
     Declare,
+    EndCanary,
     EndPromotion,
     NoteLaunched,
     ProbePromotion,
@@ -18,6 +19,7 @@ from shadowline.control.actions import (
     PromotionRegistered,
     RecordActive,
     RevokeRegistration,
+    SendCanary,
     SetHolder,
     SwapSlot,
     TakeBridge,
@@ -26,6 +28,7 @@ from shadowline.control.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Sl
 from shadowline.control.driver_duties import (
     PROMOTION_TIMEOUT_S,
     PromotionSeen,
+    fences_reported,
     first_view,
     lock_changed,
     lock_identity,
@@ -35,14 +38,17 @@ from shadowline.control.driver_duties import (
     revoke_due,
     running_due,
     stable_due,
+    unfenced_due,
     verify_promotion,
     watch_agents,
+    watch_idle_serving,
 )
 from shadowline.control.frontend import Request
 from shadowline.control.lock_identity import FileId, LockSeen
-from shadowline.control.memory import DriverMemory, NodeMemory, Promotion
+from shadowline.control.memory import Canary, DriverMemory, NodeMemory, Promotion
 from shadowline.control.observe import HealthAnswer
-from shadowline.control.policy import RelaunchPolicy
+from shadowline.control.policy import HangPolicy, RelaunchPolicy
+from shadowline.control.progress import Observation
 from shadowline.control.view import Active, DeploymentView, Invalid, SlotEntry
 from shadowline.deployment.plan import Plan
 
@@ -346,3 +352,78 @@ def test_the_first_holder_waits_for_its_slot():
     assert lock_changed("engine-0", plan(), view(slot(0, 1)), DriverMemory(), memory(rank(0, 0)), NOW) == []
     assert "BeginPromotion" in kinds(lock_changed("engine-0", plan(), view(slot(0, 1)), DriverMemory(),
                                                   memory(rank(0, 1)), NOW))
+
+
+# --- the canary: an idle hang ----------------------------------------------------------------------------------
+HANG = HangPolicy.of(FAILOVER)  # progress_stall_s 3, canary_interval_s 1
+
+
+def idle_leader(tokens: float = 70.0, running: bool = False) -> NodeMemory:
+    return memory(rank(0, 1, healthy_at=NOW.mono, progress=Observation(tokens, NOW.mono, running)))
+
+
+def test_a_canary_goes_to_the_idle_serving_cohort_when_due():
+    driver = DriverMemory(serving=0)
+    actions = watch_idle_serving(view(slot(0, 1)), driver, idle_leader(), HANG, FAILOVER, NOW)
+    assert actions == [SendCanary(0, 1, NOW.mono, 70.0, NOW.mono + FAILOVER.canary_interval_s)]
+    # busy (requests running): the token counter judges; not due yet; nothing serving; a promotion going on
+    assert watch_idle_serving(view(slot(0, 1)), driver, idle_leader(running=True), HANG, FAILOVER, NOW) == []
+    later = DriverMemory(serving=0, next_canary=NOW.mono + 0.5)
+    assert watch_idle_serving(view(slot(0, 1)), later, idle_leader(), HANG, FAILOVER, NOW) == []
+    assert watch_idle_serving(view(slot(0, 1)), DriverMemory(), idle_leader(), HANG, FAILOVER, NOW) == []
+    promoting = DriverMemory(serving=0, promotion=Promotion(1, 1, "engine-0", T0, NOW.mono + 60, NOW.mono + 5))
+    assert watch_idle_serving(view(slot(0, 1)), promoting, idle_leader(), HANG, FAILOVER, NOW) == []
+
+
+def test_an_unanswered_canary_declares_the_serving_generation_and_names_it():
+    driver = DriverMemory(serving=0, canary=Canary(0, 1, NOW.mono - 3.2, 70.0))
+    actions = watch_idle_serving(view(slot(0, 1)), driver, idle_leader(), HANG, FAILOVER, NOW)
+    assert actions == [EndCanary(), Declare(0, 1, "canary-unanswered")]
+    assert actions[1].evidence["signal"] == "canary" and actions[1].evidence["culprit_node"] == "node0"
+    waiting = DriverMemory(serving=0, canary=Canary(0, 1, NOW.mono - 2.5, 70.0))
+    assert watch_idle_serving(view(slot(0, 1)), waiting, idle_leader(), HANG, FAILOVER, NOW) == []
+
+
+def test_a_canary_is_no_verdict_when_tokens_moved_it_failed_or_serving_changed():
+    slow = DriverMemory(serving=0, canary=Canary(0, 1, NOW.mono - 3.2, 70.0))
+    assert watch_idle_serving(view(slot(0, 1)), slow, idle_leader(tokens=71.0), HANG, FAILOVER, NOW) == [EndCanary()]
+    refused = DriverMemory(serving=0, canary=Canary(0, 1, NOW.mono - 0.1, 70.0, answer=completion(False)))
+    actions = watch_idle_serving(view(slot(0, 1)), refused, idle_leader(), HANG, FAILOVER, NOW)
+    assert kinds(actions) == ["EndCanary", "Record:canary-failed"]
+    answered = DriverMemory(serving=0, canary=Canary(0, 1, NOW.mono - 0.1, 70.0, answer=completion(True)))
+    assert watch_idle_serving(view(slot(0, 1)), answered, idle_leader(), HANG, FAILOVER, NOW) == [EndCanary()]
+    moved_on = DriverMemory(serving=1, canary=Canary(0, 1, NOW.mono - 9.0, 70.0))
+    assert watch_idle_serving(view(slot(0, 1), slot(1, 1)), moved_on, idle_leader(), HANG, FAILOVER, NOW) == [
+        EndCanary()]
+    relaunched = DriverMemory(serving=0, canary=Canary(0, 1, NOW.mono - 9.0, 70.0))
+    assert watch_idle_serving(view(slot(0, 2)), relaunched, idle_leader(), HANG, FAILOVER, NOW) == [EndCanary()]
+
+
+# --- a fenced node (a GPU out of service) ---------------------------------------------------------------------------
+FENCE = {"gpu": "GPU-aaaa", "xid": 79, "action": "node-service", "detail": "Xid 79 (test)"}
+
+
+def test_a_fenced_node_holds_every_relaunch_and_says_so_once():
+    failed = slot(1, 1, FAILED, since=T0 - 1)
+    fenced = DeploymentView(slots={1: SlotEntry(failed, 11)}, gone={(1, 1): {h: T0 - 1 for h in HOSTS}},
+                            fenced={"node2": FENCE})
+    swap = relaunch_due(failed, 11, fenced, HOSTS, DriverMemory(), memory(), POLICY, NOW)[-1]
+    assert swap.kind == "dead" and (swap.slot.state, swap.slot.reason) == (DEAD, "node-fenced")
+    assert swap.then[0].event == "slot-held"
+    driver = DriverMemory()
+    said = fences_reported(fenced, driver)
+    assert kinds(said) == ["Record:serving-needs-hardware", "NoteFences"]
+    assert "-e unfence=node2" in said[0].fields["detail"] and said[0].fields["xid"] == 79
+    assert fences_reported(fenced, DriverMemory(fences_reported={"node2"})) == []
+    assert kinds(fences_reported(view(), DriverMemory(fences_reported={"node2"}))) == ["Record:unfenced",
+                                                                                          "NoteFences"]
+
+
+def test_held_slots_relaunch_by_themselves_once_no_node_is_fenced():
+    held = slot(1, 1, DEAD, reason="node-fenced", attempts=2)
+    still = DeploymentView(slots={1: SlotEntry(held, 11)}, fenced={"node2": FENCE})
+    assert unfenced_due(held, 11, still, NOW) == []
+    (swap,) = unfenced_due(held, 11, view(held), NOW)
+    assert swap.kind == "relaunch" and (swap.slot.generation, swap.slot.state, swap.slot.attempts) == (2, LAUNCHING, 0)
+    crash_loop = slot(1, 1, DEAD, reason="crash-loop")
+    assert unfenced_due(crash_loop, 11, view(crash_loop), NOW) == []  # a crash loop waits for the operator

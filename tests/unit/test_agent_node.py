@@ -7,6 +7,7 @@ from shadowline.control.actions import (
     AbandonStart,
     Confirm,
     Declare,
+    Fence,
     FinishTeardown,
     KillRest,
     Launch,
@@ -23,15 +24,18 @@ from shadowline.control.actions import (
     WakeAt,
 )
 from shadowline.control.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
-from shadowline.control.memory import LocalRank, NodeMemory, ProgressMark, Start, Teardown
+from shadowline.control.gpu_health import GpuFault
+from shadowline.control.memory import LocalRank, NodeMemory, Start, Teardown
 from shadowline.control.node_duties import (
     abandon_stale_start,
     adopted_generation,
     gms_exited,
+    gpu_faults,
     health_probe_timeout,
     judge_rank,
     launch_due,
     rank_exited,
+    refence,
     report_invalid,
     retire_leftover,
     settle_adopted,
@@ -42,12 +46,15 @@ from shadowline.control.node_duties import (
 )
 from shadowline.control.observe import HealthAnswer, UnitState
 from shadowline.control.policy import HangPolicy
-from shadowline.control.view import DeploymentView, Invalid, Now, SlotEntry
+from shadowline.control.progress import Observation, ProgressSample
+from shadowline.control.view import Active, DeploymentView, Invalid, Now, SlotEntry
+from shadowline.control.xid_table import NODE_SERVICE, NONE, RESTART_APP
 from shadowline.deployment.contract import Failover
 
-FAILOVER = Failover(health_timeout_s=3.0, heartbeat_stall_s=3.0, term_grace_s=0.0, planned_grace_s=5.0,
+FAILOVER = Failover(health_timeout_s=3.0, term_grace_s=0.0, planned_grace_s=5.0,
                     agent_lease_ttl_s=3, relaunch_backoff_s=1.0, relaunch_backoff_max_s=30.0,
-                    max_relaunch_attempts=3, stable_after_s=30.0, wake_timeout_s=5.0)
+                    max_relaunch_attempts=3, stable_after_s=30.0, wake_timeout_s=5.0, progress_stall_s=3.0,
+                    canary_interval_s=1.0)
 HANG = HangPolicy.of(FAILOVER)
 T0 = 1_700_000_000.0  # wall clock of the tests' "now"
 NOW = Now(wall=T0, mono=5000.0)
@@ -59,10 +66,11 @@ def at(seconds: float) -> Now:
 
 
 def rank(cohort: int = 0, generation: int = 1, leader: bool = True, healthy_at: float | None = None,
-         started: float = T0 - 60, progress: ProgressMark | None = None) -> LocalRank:
+         started: float = T0 - 60, progress: Observation | None = None) -> LocalRank:
     return LocalRank(cohort=cohort, generation=generation, unit=f"shadowline-demo-engine@{cohort}.service",
                      pid=4242 + cohort, pidfd=None, cgroup=f"/system.slice/engine@{cohort}", leader=leader,
-                     started=started, healthy_at=healthy_at, progress=progress)
+                     started=started, healthy_at=healthy_at, progress=progress, node="node0" if leader else "node2",
+                     node_rank=0 if leader else 2)
 
 
 def slot(cohort: int = 0, generation: int = 1, state: str = RUNNING, **kw: object) -> Slot:
@@ -233,13 +241,13 @@ def test_invalid_records_are_reported_once_per_revision():
 # --- hangs ----------------------------------------------------------------------------------------------------------
 def test_leader_hung_after_health_timeout_since_its_last_200():
     r = rank(healthy_at=NOW.mono - 3.2)
-    actions = judge_rank(r, None, HealthAnswer(ok=False, at=NOW.mono), NOW, HANG, FAILOVER, None)
+    actions = judge_rank(r, False, HealthAnswer(ok=False, at=NOW.mono), NOW, HANG, FAILOVER, None)
     assert actions == [Declare(0, 1, "leader-hung")]
 
 
 def test_leader_silent_for_less_than_the_timeout_is_judged_at_its_deadline():
     r = rank(healthy_at=NOW.mono - 1.0)
-    actions = judge_rank(r, None, HealthAnswer(ok=False, at=NOW.mono), NOW, HANG, FAILOVER, None)
+    actions = judge_rank(r, False, HealthAnswer(ok=False, at=NOW.mono), NOW, HANG, FAILOVER, None)
     assert actions == [WakeAt(NOW.mono + 2.0)]
     assert health_probe_timeout(r, HANG, NOW) == 0.5
     assert abs(health_probe_timeout(rank(healthy_at=NOW.mono - 2.9), HANG, NOW) - 0.1) < 1e-6
@@ -248,32 +256,71 @@ def test_leader_silent_for_less_than_the_timeout_is_judged_at_its_deadline():
 def test_slow_start_is_not_a_hang():
     """A leader that never answered 200 since its start (loading weights: 503 or nothing) is not judged."""
     loading = rank(healthy_at=None)
-    assert judge_rank(loading, None, HealthAnswer(ok=False, at=NOW.mono), at(600), HANG, FAILOVER, None) == []
-    # a progress signal seen for the first time (e.g. a leftover file of an earlier generation) is not a stall:
-    # only a signal seen moving is judged
-    first = judge_rank(rank(leader=False), T0 - 100, None, NOW, HANG, FAILOVER, None)
-    assert first == [NoteProgress(0, ProgressMark(T0 - 100, NOW.mono, moved=False))]
-    unmoved = rank(leader=False, progress=ProgressMark(T0 - 100, NOW.mono - 60, moved=False))
-    assert judge_rank(unmoved, T0 - 100, None, NOW, HANG, FAILOVER, None) == []
+    assert judge_rank(loading, False, HealthAnswer(ok=False, at=NOW.mono), at(600), HANG, FAILOVER, None) == []
 
 
 def test_healthy_answer_is_remembered():
     r = rank(healthy_at=NOW.mono - 2.9)
-    assert judge_rank(r, None, HealthAnswer(ok=True, at=NOW.mono), NOW, HANG, FAILOVER, None) == [
+    assert judge_rank(r, False, HealthAnswer(ok=True, at=NOW.mono), NOW, HANG, FAILOVER, None) == [
         MarkHealthy(0, NOW.mono)]
 
 
-def moving(since_s: float, value: float = 7.0) -> LocalRank:
-    """A worker whose progress signal last moved ``since_s`` seconds before NOW (monotonic)."""
-    return rank(leader=False, progress=ProgressMark(value, NOW.mono - since_s, moved=True))
+def generating(still_s: float, tokens: float = 70.0, running: bool = True) -> LocalRank:
+    """A healthy leader whose token counter last moved ``still_s`` seconds before NOW (monotonic), requests
+    running (or idle)."""
+    return rank(healthy_at=NOW.mono - 0.1, progress=Observation(tokens, NOW.mono - still_s, running))
 
 
-def test_worker_stalled_by_its_progress_signal():
-    assert judge_rank(moving(3.5), 7.0, None, NOW, HANG, FAILOVER, None) == [Declare(0, 1, "collective-stalled")]
-    assert judge_rank(moving(1.0), 7.0, None, NOW, HANG, FAILOVER, None) == []
-    # a step of the signal is progress, noted on the monotonic clock
-    assert judge_rank(moving(3.5), 8.0, None, NOW, HANG, FAILOVER, None) == [
-        NoteProgress(0, ProgressMark(8.0, NOW.mono, moved=True))]
+OK = HealthAnswer(ok=True, at=NOW.mono)
+
+
+def test_generation_stalled_from_vllms_progress_metrics_names_the_culprit():
+    """Requests running, vLLM's token counter still for more than progress_stall_s, /health 200 all along (a
+    worker rank stuck in a collective: vllm#16259): the leader's generation is declared stalled, the evidence
+    names the signal, the node and what was seen."""
+    actions = judge_rank(generating(3.5), ProgressSample(70.0, 2.0), OK, NOW, HANG, FAILOVER, None)
+    declare = actions[-1]
+    assert declare == Declare(0, 1, "generation-stalled")
+    assert declare.evidence["signal"] == "progress" and declare.evidence["culprit_node"] == "node0"
+    assert "no token generated for 3.5 s" in declare.evidence["evidence"]
+    assert kinds(actions) == ["NoteProgress", "MarkHealthy", "Declare"]
+    assert kinds(judge_rank(generating(1.0), ProgressSample(70.0, 2.0), OK, NOW, HANG, FAILOVER, None)) == [
+        "NoteProgress", "MarkHealthy"]
+
+
+def test_tokens_moving_idle_or_a_restarted_counter_is_never_a_stall():
+    moved = judge_rank(generating(30.0), ProgressSample(71.0, 2.0), OK, NOW, HANG, FAILOVER, None)
+    assert moved[0] == NoteProgress(0, Observation(71.0, NOW.mono, True), NOW.mono) and "Declare" not in kinds(moved)
+    idle = judge_rank(generating(30.0), ProgressSample(70.0, 0.0), OK, NOW, HANG, FAILOVER, None)
+    assert "Declare" not in kinds(idle)  # nothing running: only a canary finds an idle hang
+    reset = judge_rank(generating(30.0), ProgressSample(5.0, 1.0), OK, NOW, HANG, FAILOVER, None)
+    assert "Declare" not in kinds(reset)
+    first = judge_rank(rank(healthy_at=NOW.mono - 0.1), ProgressSample(70.0, 3.0), OK, NOW, HANG, FAILOVER, None)
+    assert first[0] == NoteProgress(0, Observation(70.0, NOW.mono, True), NOW.mono)
+
+
+def test_requests_that_just_started_get_the_whole_stall_time():
+    """The counter stood still while idle; requests start: their clock starts now, not when the counter last
+    moved (a long idle period is no stall)."""
+    idle_long = generating(600.0, running=False)
+    actions = judge_rank(idle_long, ProgressSample(70.0, 1.0), OK, NOW, HANG, FAILOVER, None)
+    assert actions[0] == NoteProgress(0, Observation(70.0, NOW.mono, True), NOW.mono)
+    assert "Declare" not in kinds(actions)
+
+
+def test_metrics_not_read_or_without_progress_metrics_judge_health_only():
+    """``False``: not read this time (or no answer): the observation is kept. ``None``: the engine has no progress
+    metrics (not vLLM, still starting): noted as none."""
+    assert judge_rank(generating(30.0), False, OK, NOW, HANG, FAILOVER, None) == [MarkHealthy(0, NOW.mono)]
+    assert judge_rank(generating(30.0), None, OK, NOW, HANG, FAILOVER, None) == [
+        NoteProgress(0, None, NOW.mono), MarkHealthy(0, NOW.mono)]
+
+
+def test_hung_leader_evidence_names_health():
+    r = rank(healthy_at=NOW.mono - 3.2)
+    (declare,) = judge_rank(r, False, HealthAnswer(ok=False, at=NOW.mono), NOW, HANG, FAILOVER, None)
+    assert declare.reason == "leader-hung" and declare.evidence["signal"] == "health"
+    assert declare.evidence["evidence"].startswith("/health gave no 200 for 3.2 s")
 
 
 def test_a_wall_clock_step_neither_fakes_a_hang_nor_hides_one():
@@ -281,34 +328,103 @@ def test_a_wall_clock_step_neither_fakes_a_hang_nor_hides_one():
     for step in (+5.0, -5.0):
         stepped = Now(wall=NOW.wall + step, mono=NOW.mono + 0.2)
         leader = rank(healthy_at=NOW.mono - 0.1)
-        assert judge_rank(leader, None, HealthAnswer(ok=True, at=stepped.mono), stepped, HANG, FAILOVER,
+        assert judge_rank(leader, False, HealthAnswer(ok=True, at=stepped.mono), stepped, HANG, FAILOVER,
                           None) == [MarkHealthy(0, stepped.mono)]
-        assert judge_rank(moving(1.0), 7.0, None, stepped, HANG, FAILOVER, None) == []  # 1.2 s of silence
+        still = ProgressSample(70.0, 2.0)
+        assert "Declare" not in kinds(judge_rank(generating(1.0), still, OK, stepped, HANG, FAILOVER, None))
         late = Now(wall=NOW.wall + step, mono=NOW.mono + 2.6)
-        assert judge_rank(moving(1.0), 7.0, None, late, HANG, FAILOVER, None) == [
-            Declare(0, 1, "collective-stalled")]  # 3.6 s of silence on the monotonic clock, whatever the wall says
+        assert judge_rank(generating(1.0), still, OK, late, HANG, FAILOVER, None)[-1] == Declare(
+            0, 1, "generation-stalled")  # 3.6 s still on the monotonic clock, whatever the wall says
+    silent = rank(healthy_at=NOW.mono - 0.1)
+    jump = Now(wall=NOW.wall + 5.0, mono=NOW.mono + 0.3)
+    assert judge_rank(silent, False, HealthAnswer(ok=False, at=jump.mono), jump, HANG, FAILOVER, None) == [
+        WakeAt(NOW.mono - 0.1 + 3.0)]  # 0.4 s without a 200, not 5.4
 
 
-def test_fencing_isolated_node_with_stalled_collective_tears_down_locally():
-    worker = moving(4.0)
-    actions = judge_rank(worker, 7.0, None, NOW, HANG, FAILOVER, etcd_lost_since=NOW.mono - 3.5)
-    assert kinds(actions) == ["Declare", "Record:fenced", "TearDown"]
-    assert actions[2] == TearDown(worker, NOW.wall, 0.0)
+def test_fencing_isolated_leader_node_with_stalled_generation_tears_down_locally():
+    leader = generating(4.0)
+    actions = judge_rank(leader, ProgressSample(70.0, 1.0), OK, NOW, HANG, FAILOVER, etcd_lost_since=NOW.mono - 3.5)
+    assert kinds(actions)[-3:] == ["Declare", "Record:fenced", "TearDown"]
+    assert actions[-1] == TearDown(leader, NOW.wall, 0.0)
 
 
-def test_no_fencing_when_etcd_is_lost_but_the_collective_progresses_or_not_long_enough():
-    assert judge_rank(moving(0.5), 7.0, None, NOW, HANG, FAILOVER, etcd_lost_since=NOW.mono - 30) == []
-    assert kinds(judge_rank(moving(4.0), 7.0, None, NOW, HANG, FAILOVER, etcd_lost_since=NOW.mono - 1)) == [
-        "Declare"]
+def test_no_fencing_when_etcd_is_lost_but_generation_progresses_or_not_long_enough():
+    moving = judge_rank(generating(0.5), ProgressSample(70.0, 1.0), OK, NOW, HANG, FAILOVER, NOW.mono - 30)
+    assert "Declare" not in kinds(moving)
+    stalled = judge_rank(generating(4.0), ProgressSample(70.0, 1.0), OK, NOW, HANG, FAILOVER, NOW.mono - 1)
+    assert kinds(stalled)[-1] == "Declare"
 
 
 def test_hang_policy_is_the_one_judgement():
     assert HANG.judge(None, None) is None
-    assert HANG.judge(3.01, None) == "collective-stalled"
+    assert HANG.judge(3.01, None) == "generation-stalled"
     assert HANG.judge(2.99, 2.99) is None
     assert HANG.judge(None, 3.0) == "leader-hung"
+    assert HANG.canary_unanswered(3.01) and not HANG.canary_unanswered(2.99)
+    assert HANG.progress_every_s == 0.3 and HangPolicy(2.0, 60.0).progress_every_s == 2.0
+    assert HangPolicy(2.0, 1.0).progress_every_s == 0.2
+
+
+def test_the_stall_setting_keeps_long_prefills_and_slow_engines_alone():
+    """False positives: a long prefill (requests running, no token for 45 s) under the default 60 s, and a slow
+    but progressing engine (one token every 2.9 s under a 3 s setting), are never declared."""
+    default = Failover(**{**FAILOVER.__dict__, "progress_stall_s": 60.0})
+    prefill = rank(healthy_at=NOW.mono - 0.1, progress=Observation(70.0, NOW.mono - 45.0, True))
+    assert "Declare" not in kinds(judge_rank(prefill, ProgressSample(70.0, 1.0), OK, NOW, HangPolicy.of(default),
+                                             default, None))
+    slow = rank(healthy_at=NOW.mono - 0.1)
+    for i in range(20):
+        now = at(2.9 * i)
+        actions = judge_rank(slow, ProgressSample(70.0 + i, 1.0), HealthAnswer(True, now.mono), now, HANG,
+                             FAILOVER, None)
+        assert "Declare" not in kinds(actions)
+        slow.progress = actions[0].observation
 
 
 # --- the GMS server -------------------------------------------------------------------------------------------------
 def test_gms_server_death_is_reported_for_the_driver():
     assert gms_exited(NOW) == [Record("gms-lost"), ReportGmsLost(NOW.wall)]
+
+
+# --- GPU faults -----------------------------------------------------------------------------------------------------
+def gpu(xid: int, action: str) -> GpuFault:
+    return GpuFault("GPU-aaaa", "0000:3b:00", xid, action, f"Xid {xid} (test)", "fake", T0)
+
+
+def test_an_application_xid_fails_the_serving_cohorts_rank_here_at_once():
+    serving, parked = rank(0, 4), rank(1, 2)
+    actions = gpu_faults([gpu(31, RESTART_APP)], memory(serving, parked), Active(0, 4, T0 - 10), "node0", FAILOVER, NOW)
+    assert kinds(actions) == ["Record:gpu-event", "TearDown", "Declare"]
+    declare = actions[2]
+    assert declare == Declare(0, 4, "gpu-xid")
+    assert declare.evidence["signal"] == "gpu" and declare.evidence["gpu"] == "GPU-aaaa" and declare.evidence["xid"] == 31
+    # nothing known to serve: every rank here
+    assert kinds(gpu_faults([gpu(31, RESTART_APP)], memory(serving, parked), None, "node0", FAILOVER, NOW)).count(
+        "Declare") == 2
+
+
+def test_a_gpu_out_of_service_fails_every_rank_here_and_fences_the_node_once():
+    actions = gpu_faults([gpu(79, NODE_SERVICE)], memory(rank(0, 4), rank(1, 2)), Active(0, 4, T0), "node2",
+                         FAILOVER, NOW)
+    assert kinds(actions) == ["Record:gpu-event", "TearDown", "Declare", "TearDown", "Declare", "Fence",
+                              "Record:node-fenced"]
+    assert {a.reason for a in actions if isinstance(a, Declare)} == {"gpu-fault"}
+    fence = actions[5]
+    assert fence.host == "node2" and fence.record["xid"] == 79 and fence.record["action"] == NODE_SERVICE
+    assert "playbooks/failover.yml -e unfence=node2" in actions[6].fields["detail"]
+    fenced = memory(fence=fence.record)
+    assert "Fence" not in kinds(gpu_faults([gpu(79, NODE_SERVICE)], fenced, None, "node2", FAILOVER, NOW))
+
+
+def test_an_xid_that_needs_nothing_is_only_recorded():
+    assert kinds(gpu_faults([gpu(63, NONE)], memory(rank(0, 4)), None, "node0", FAILOVER, NOW)) == ["Record:gpu-event"]
+
+
+def test_a_fence_etcd_has_not_got_is_written_again():
+    record = {"xid": 79}
+    assert refence(DeploymentView(), memory(fence=record), "node2") == [Fence("node2", record)]
+    assert refence(DeploymentView(fenced={"node2": record}), memory(fence=record), "node2") == []
+    assert refence(DeploymentView(), memory(), "node2") == []
+    # once etcd had it, its absence is the operator's unfence: forgotten, so a new fault fences again
+    unfenced = refence(DeploymentView(), memory(fence=record, fence_written=True), "node2")
+    assert kinds(unfenced) == ["ClearFence", "Record:fence-cleared"]

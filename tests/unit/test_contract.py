@@ -138,7 +138,7 @@ def test_failover_settings_are_checked_with_their_fix():
 @pytest.mark.parametrize("key, value, wanted", [
     ("health_timeout_s", float("nan"), "must be a number"),  # nan would switch hang detection off
     ("health_timeout_s", "nan", "must be a number"),
-    ("heartbeat_stall_s", float("inf"), "must be a number"),
+    ("progress_stall_s", float("inf"), "must be a number"),
     ("health_timeout_s", 0, "must be above 0"),
     ("relaunch_backoff_s", -0.5, "must be above 0"),
     ("stable_after_s", 1e9, "at most 86400"),

@@ -29,7 +29,13 @@ def test_defaults_for_real_engines():
     assert problems == []
     failover = contract.failover
     assert (failover.progress_stall_s, failover.canary_interval_s, failover.collective_timeout_s) == (60.0, 5.0, 600)
-    assert failover.heartbeat_stall_s == DEFAULT_FAILOVER["heartbeat_stall_s"]  # still parsed for the agent today
+    assert "heartbeat_stall_s" not in DEFAULT_FAILOVER
+
+
+def test_the_heartbeat_setting_is_gone_with_a_fix():
+    _unused, problems = contract_of(gms_failover={"heartbeat_stall_s": 3})
+    assert len(problems) == 1 and "gms_failover.heartbeat_stall_s" in problems[0]
+    assert "is no longer a setting" in problems[0] and "progress_stall_s" in problems[0]
 
 
 def test_drill_settings_parse():
@@ -120,11 +126,8 @@ def test_both_backends_serve_progress_metrics_on_the_system_port():
     assert backend("standin").progress_metrics_path == "/metrics"
 
 
-def test_heartbeat_file_switch():
-    """Real engines write no heartbeat file; the stand-in's is offered to the agent only while the switch is on."""
-    assert backend("dynamo_vllm").progress_file("/run/x", 0, 1) is None
-    on = dataclasses.replace(standin.STANDIN, heartbeat_file=True)
-    off = dataclasses.replace(standin.STANDIN, heartbeat_file=False)
-    assert on.progress_file("/run/x", 0, 1) == "/run/x/heartbeat-engine-0-rank-1"
-    assert off.progress_file("/run/x", 0, 1) is None and off.progress_mtime("/run/x", 0, 1) is None
-    assert standin.STANDIN.heartbeat_file is standin.HEARTBEAT_FILE_SIGNAL
+def test_no_backend_offers_the_agent_a_heartbeat_file():
+    """Real engines write no heartbeat file and the stand-in offers none: the Backend interface has no such
+    signal, only the leader's progress metrics (docs/detection.md)."""
+    for name in ("dynamo_vllm", "standin"):
+        assert not hasattr(backend(name), "progress_file") and not hasattr(backend(name), "progress_mtime")

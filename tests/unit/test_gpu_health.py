@@ -239,3 +239,15 @@ def test_a_failing_wait_is_reported():
     nvml.nvmlEventSetWait = broken
     (fault,) = events.poll(10)
     assert fault.action == NODE_SERVICE and "NVML event wait failed" in fault.detail
+
+
+def test_an_nvml_error_that_is_no_gpu_fault_blinds_the_listener_and_fences_nothing():
+    nvml = FakeNvml([])
+    events = NvmlEvents.open(nvml)
+
+    def broken(event_set, timeout_ms):
+        raise FakeNvmlError(999)  # NVML_ERROR_UNKNOWN
+
+    nvml.nvmlEventSetWait = broken
+    with pytest.raises(OSError, match="NVML event wait failed"):
+        events.poll(10)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shadowline.control import progress
+from shadowline.control.policy import HangPolicy
 from shadowline.control.progress import Observation, ProgressSample, judge, parse_sample
 
 MODEL = "Qwen/Qwen3-0.6B"
@@ -85,7 +86,7 @@ def run(samples: list[tuple[float, float, float]], stall_s: float = STALL) -> li
     observation = None
     verdicts = []
     for now, tokens, running in samples:
-        verdict = judge(observation, ProgressSample(tokens, running), now, stall_s)
+        verdict = judge(observation, ProgressSample(tokens, running), now, HangPolicy(2.0, stall_s))
         observation = verdict.observation
         verdicts.append(verdict)
     return verdicts
@@ -105,7 +106,7 @@ def test_running_with_a_still_counter_stalls_after_stall_s():
     verdicts = run([(0.0, 10.0, 2.0), (1.0, 20.0, 2.0), (3.0, 20.0, 2.0), (6.0, 20.0, 2.0), (6.5, 20.0, 2.0)])
     assert [v.stalled for v in verdicts] == [False, False, False, False, True]
     assert verdicts[-1].still_s == pytest.approx(5.5)  # since the counter last moved (t=1)
-    assert "no token generated for 5.5 s" in progress.describe(verdicts[-1], STALL)
+    assert "no token generated for 5.5 s" in progress.describe(verdicts[-1], HangPolicy(2.0, STALL))
 
 
 def test_exactly_stall_s_is_not_yet_a_stall():
@@ -115,7 +116,7 @@ def test_exactly_stall_s_is_not_yet_a_stall():
 def test_idle_engine_is_never_stalled():
     verdicts = run([(t, 10.0, 0.0) for t in range(0, 100, 5)])
     assert not any(v.stalled for v in verdicts)
-    assert progress.describe(verdicts[-1], STALL) == "idle"
+    assert progress.describe(verdicts[-1], HangPolicy(2.0, STALL)) == "idle"
 
 
 def test_requests_arriving_after_idle_get_the_whole_stall_time():
@@ -128,7 +129,7 @@ def test_requests_arriving_after_idle_get_the_whole_stall_time():
 def test_counter_reset_is_a_restart_not_a_stall():
     verdicts = run([(0.0, 500.0, 2.0), (4.0, 500.0, 2.0), (5.0, 0.0, 2.0), (9.0, 0.0, 2.0), (10.5, 0.0, 2.0)])
     assert verdicts[2].reset and not verdicts[2].stalled
-    assert "restarted" in progress.describe(verdicts[2], STALL)
+    assert "restarted" in progress.describe(verdicts[2], HangPolicy(2.0, STALL))
     assert [v.stalled for v in verdicts] == [False, False, False, False, True]  # judged afresh from t=5
 
 

@@ -159,7 +159,7 @@ def local_status(plan_path: str, host: str | None) -> int:
     from .deployment.plan import Plan
     plan = Plan.load(plan_path)
     host = host or next((n.host for n in plan.nodes if n.host == os.uname().nodename), plan.leader_node.host)
-    ranks = rank_states(plan, host, plan.failover.health_timeout_s, plan.failover.heartbeat_stall_s)
+    ranks = rank_states(plan, host, plan.failover.health_timeout_s)
     holder = lock_holder(plan.lock_path) if any(r["leader"] for r in ranks) else None
     console.out(render_status_table(ranks, holder, f"{plan.model_id}@{plan.revision[:12]}"))
     return 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 
@@ -16,6 +15,9 @@ class Backend:
     # Where the leader's system server serves vLLM's progress metrics (vllm:num_requests_running,
     # vllm:generation_tokens_total; control/progress.py judges them), or None: the engine has no such signal.
     progress_metrics_path: str | None = None
+    # Where the node agent hears of GPU faults (control/gpu_watch.py): nvml (NVML's events, else the kernel log),
+    # fake (the stand-in's event file, which drills append to) or none.
+    gpu_events: str = "nvml"
 
     def node_env(self, deployment: str, host: str, gpus_per_node: int) -> dict[str, str]:
         """Environment the GMS server and every rank on a node get on top of the plan's own."""
@@ -30,25 +32,14 @@ class Backend:
         """Engine flags that set the collectives' timeout (the process group's), where the engine takes one."""
         return ()
 
-    def progress_file(self, lock_dir: str, engine_id: int | str, node_rank: int) -> str | None:
-        """A file a rank rewrites at every collective step, when the backend has one (None: the engine exposes
-        no per-rank progress, only process exit and the leader's /health)."""
-        return None
-
-    def progress_mtime(self, lock_dir: str, engine_id: int | str, node_rank: int) -> float | None:
-        """When the rank last showed progress through its progress file (None: no file, or no such signal)."""
-        path = self.progress_file(lock_dir, engine_id, node_rank)
-        if path is None:
-            return None
-        try:
-            return os.stat(path).st_mtime
-        except FileNotFoundError:
-            return None
-
     def rank_fault_file(self, lock_dir: str, engine_id: int | str, node_rank: int) -> str | None:
         """A control file through which a drill makes one rank misbehave (hang its collective), when the backend
         has one (None: it has no such hook, and drills that need it refuse to run)."""
         return None
+
+    def fake_gpu_uuids(self, deployment: str, host: str, gpus_per_node: int) -> list[str]:
+        """The GPU UUIDs a drill may write fake GPU events for ([]: real GPUs, whose events NVML delivers)."""
+        return []
 
     def weights_resident(self, socket_dir: str) -> bool | None:
         """Whether the node's GMS server holds committed weights, when the backend can tell (None: unknown)."""

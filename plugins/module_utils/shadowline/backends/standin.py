@@ -1,10 +1,7 @@
 """The CPU stand-in (`python -m shadowline.standin.engine`): the same flags and environment as dynamo.vllm (torch's
 NCCL watchdog settings included, which the stand-in emulates), fake GPU UUIDs, vLLM's progress metrics on the
-leader's system port, and a collective heartbeat file per rank that the stand-in rewrites at every collective step.
-
-No real engine writes that file. ``HEARTBEAT_FILE_SIGNAL`` says whether the agent may read it
-(``Backend.progress_file``): once the agent judges progress from the metrics (control/progress.py), set it to
-False and the stand-in's drills show what real engines would give."""
+leader's system port. It offers the agent no signal a real engine lacks: the collective heartbeat file each rank
+rewrites is the stand-in's own business (its tests read it); the agent judges it as it judges dynamo.vllm."""
 
 from __future__ import annotations
 
@@ -16,19 +13,12 @@ from dataclasses import dataclass
 from .base import Backend
 from .dynamo_vllm import TIMEOUT_FLAG, nccl_watchdog_env
 
-HEARTBEAT_FILE_SIGNAL = True  # the agent may judge ranks by the heartbeat file (False: as on real engines)
-
 GPU_NAMESPACE = uuid.UUID("5d0c3c36-6f1e-4a53-9a3c-2f6b1f0a7e21")
 
 
 def gpu_uuids(deployment: str, host: str, count: int) -> list[str]:
     """Stable fake GPU UUIDs for the stand-in (real GPUs report their own through NVML)."""
     return [f"GPU-{uuid.uuid5(GPU_NAMESPACE, f'{deployment}/{host}/{i}')}" for i in range(count)]
-
-
-def heartbeat_path(engine_id: int | str, node_rank: int, directory: str) -> str:
-    """The stand-in rank's collective heartbeat file (in the failover lock's directory)."""
-    return os.path.join(directory, f"heartbeat-engine-{engine_id}-rank-{node_rank}")
 
 
 def rank_fault_path(engine_id: int | str, node_rank: int, directory: str) -> str:
@@ -41,17 +31,14 @@ class Standin(Backend):
     def node_env(self, deployment: str, host: str, gpus_per_node: int) -> dict[str, str]:
         return {"SHADOWLINE_STANDIN_GPUS": ",".join(gpu_uuids(deployment, host, gpus_per_node))}
 
-    heartbeat_file: bool = HEARTBEAT_FILE_SIGNAL
-
     def watchdog_env(self, collective_timeout_s: int) -> dict[str, str]:
         return nccl_watchdog_env(collective_timeout_s)  # read by the stand-in's emulated watchdog (standin/settings)
 
     def watchdog_args(self, collective_timeout_s: int) -> tuple[str, ...]:
         return (TIMEOUT_FLAG, str(int(collective_timeout_s)))
 
-    def progress_file(self, lock_dir: str, engine_id: int | str, node_rank: int) -> str | None:
-        """The heartbeat file, while the agent may read it (``heartbeat_file``); None as on real engines."""
-        return heartbeat_path(engine_id, node_rank, lock_dir) if self.heartbeat_file else None
+    def fake_gpu_uuids(self, deployment: str, host: str, gpus_per_node: int) -> list[str]:
+        return gpu_uuids(deployment, host, gpus_per_node)
 
     def rank_fault_file(self, lock_dir: str, engine_id: int | str, node_rank: int) -> str | None:
         return rank_fault_path(engine_id, node_rank, lock_dir)
@@ -70,4 +57,4 @@ class Standin(Backend):
 
 STANDIN = Standin(name="standin", engine_module="shadowline.standin.engine",
                   gms_module="shadowline.standin.gms_server", runtime_modules=(), uses_gpus=False,
-                  progress_metrics_path="/metrics")
+                  progress_metrics_path="/metrics", gpu_events="fake")

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from .coordination import Slot
-from .memory import LocalRank, ProgressMark, Promotion
+from .memory import LocalRank, Promotion
+from .progress import Observation
 
 
 # --- records and wake-ups -----------------------------------------------------------------------------------
@@ -31,10 +32,13 @@ class WakeAt:
 # --- a node's ranks --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Declare:
-    """Compare-and-swap the slot from running/launching to failed (once, whoever is first)."""
+    """Compare-and-swap the slot from running/launching to failed (once, whoever is first). ``evidence`` names
+    the culprit for the event log and the drill report: the signal, the node and node rank that showed it first,
+    what was seen (e.g. {"signal": "progress", "node": "node0", "node_rank": 0, "detail": "..."})."""
     cohort: int
     generation: int
     reason: str
+    evidence: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,23 @@ class MarkHealthy:
 
 @dataclass(frozen=True)
 class NoteProgress:
+    """The leader's generation progress as last read (``observation`` None: its /metrics had none)."""
     cohort: int
-    mark: ProgressMark
+    observation: Observation | None
+    at: float  # monotonic: when it was read
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Record in etcd that this node's GPU is out of service (``record``: gpu, xid, action, detail, since): the
+    driver relaunches nothing while a node is fenced. Kept in memory and written again until etcd has it."""
+    host: str
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ClearFence:
+    """The operator removed this node's fence (the GPU was reset or the node serviced): forget it."""
 
 
 @dataclass(frozen=True)
@@ -264,12 +283,35 @@ class ProbeServing:
 
 
 @dataclass(frozen=True)
+class SendCanary:
+    """A one-token completion through the frontend to the idle serving cohort (in a thread; the answer comes
+    back queued)."""
+    cohort: int
+    generation: int
+    sent_at: float  # monotonic
+    tokens: float | None  # the leader's token counter now
+    next_at: float  # monotonic: the next canary not before
+
+
+@dataclass(frozen=True)
+class EndCanary:
+    """The canary was answered, judged, or is moot (the serving cohort changed)."""
+
+
+@dataclass(frozen=True)
+class NoteFences:
+    """The fenced nodes the driver has said need hardware (each said once, again after an unfence)."""
+    nodes: frozenset[str]
+
+
+@dataclass(frozen=True)
 class ClearGmsLost:
     keys: tuple[str, ...]
 
 
 Action = Union[Record, WakeAt, Declare, TearDown, FinishTeardown, KillRest, Confirm, Launch, Launched, LaunchFailed,
-               AbandonStart, NoteDetected, MarkHealthy, NoteProgress, SetGeneration, ReportInvalid, ReportGmsLost, SwapSlot, RevokeRegistration,
+               AbandonStart, NoteDetected, MarkHealthy, NoteProgress, Fence, ClearFence, SetGeneration, ReportInvalid, ReportGmsLost, SwapSlot, RevokeRegistration,
                ObserveTeardown, NoteLaunched, SetHolder, SetServing, CreateSlot, BeginPromotion, ExtendPromotion, TakeBridge, ReleaseBridge,
                NoteLockReplaced, PromotionActive, PromotionRegistered,
-               ProbePromotion, EndPromotion, RecordActive, AgentsSeen, AgentLost, AgentBack, ProbeServing, ClearGmsLost]
+               ProbePromotion, EndPromotion, RecordActive, AgentsSeen, AgentLost, AgentBack, ProbeServing, SendCanary, EndCanary,
+               NoteFences, ClearGmsLost]

@@ -4,8 +4,8 @@ every node at once, verifies the promotion and relaunches a fresh shadow.
 Run as ``python -m shadowline.control.agent --plan /etc/shadowline/<deployment>/plan.json --host <node>``.
 
 Each agent owns its node's ranks (the engine units ``shadowline-<deployment>-engine@<cohort>``): it watches
-their main processes through pidfds (an exit is known at once), their leaders' /health, and their progress
-signal (the backend's, e.g. the stand-in's collective heartbeat). Agents agree through the deployment's etcd
+their main processes through pidfds (an exit is known at once), their leaders' /health and generation progress
+(vLLM's metrics), an idle serving cohort with canary completions, and the node's GPU health events. Agents agree through the deployment's etcd
 (coordination.py): a failure is declared with one compare-and-swap, every agent kills its ranks of that
 generation and confirms, and the agent on the leader node (the driver, where every cohort's leader and the
 failover lock live) verifies the promotion and relaunches the slot once the old ranks are gone on every node,
@@ -41,6 +41,7 @@ from .etcd_client import Etcd
 from .events import EventLog
 from .executor import Executor, Schedule
 from .feed import EtcdFeed, FeedNews
+from .gpu_watch import GpuWatch
 from .memory import DriverMemory, NodeMemory
 from .metrics_server import serve
 from .node_duties import NodeDuties
@@ -78,6 +79,7 @@ class Agent:
         self.feed = EtcdFeed(feed_etcd, self.coord.keys, host, frozenset(plan.cohort_ids),
                              int(plan.failover.agent_lease_ttl_s), CHECK_S if self.is_driver else SYNC_S, self.wake_w,
                              lease_etcd)
+        self.gpu = GpuWatch(plan.engine.gpu_events, plan.state_dir, self.wake_w)
         self.view: DeploymentView | None = None  # the latest view the feed read
         self.gms_pidfd: int | None = None
         self.stopping = False
@@ -89,6 +91,7 @@ class Agent:
     def run(self) -> None:
         self.adopt()
         self.feed.start()
+        self.gpu.start()
         self.events.write("agent-started", pid=os.getpid(), driver=self.is_driver,
                           adopted={c: r.pid for c, r in self.memory.ranks.items()})
         self.systemd.ready(f"watching {len(self.memory.ranks)} ranks")
@@ -110,6 +113,11 @@ class Agent:
             self.node.on_rank_exit(cohort, now)
         if gms_exited:
             self.node.on_gms_exit(now)
+        faults, notices = self.gpu.take()
+        for notice in notices:
+            self.events.write(notice.event, detail=notice.detail)
+        if faults:  # local first too: the ranks on a failed GPU are killed before anything waits on etcd
+            self.node.on_gpu_faults(faults, self.view, now)
         news = self.take_news()
         self.node.on_slot_changes(news.slots)  # the hot path: a declared failure torn down from the event itself
         if self.execute.take_probe_results():

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from ..model.spec import status_path_for
 from ..model.status import READY, read_status
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING
-from .policy import COLLECTIVE_STALLED, LEADER_HUNG
+from .policy import CANARY_UNANSWERED, GENERATION_STALLED, GPU_FAULT, GPU_XID, LEADER_HUNG
 from .view import DeploymentView
 
 try:
@@ -32,7 +32,8 @@ SLOT_STATES = (LAUNCHING, RUNNING, FAILED, DEAD)
 # Reasons a failure is declared for (node_duties.py, driver_duties.py, policy.py), exported at 0 from the start
 # so that Prometheus's increase() sees the first detection; another reason gets its series when it happens.
 DETECTION_REASONS = ("rank-exited", "rank-missing", "launch-failed", "launch-timeout", LEADER_HUNG,
-                     COLLECTIVE_STALLED, "node-lost", "wake-timeout", "gms-republish")
+                     GENERATION_STALLED, CANARY_UNANSWERED, GPU_XID, GPU_FAULT, "node-lost", "wake-timeout",
+                     "gms-republish")
 # A failover's phases take from about 10 ms (a teardown) to tens of seconds (a relaunch that loads weights).
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 

@@ -1,10 +1,11 @@
-"""Live state of the cohorts' ranks on one node, read from systemd, the engines' system ports, the
-failover lock and the backend's progress signal (the stand-in's collective heartbeat files). Read-only.
+"""Live state of the cohorts' ranks on one node, read from systemd, the engines' system ports (/health, the
+failover state and vLLM's progress metrics) and the failover lock: what real engines expose. Read-only.
 
 States of a rank: ``parked`` (leader in standby: weights loaded, waiting for the lock), ``waking``,
-``active`` (serving), ``starting`` (before standby), ``running`` (a headless rank whose collective
-progresses), ``wedged`` (alive but hung, judged by policy.HangPolicy as the agent judges it), ``dead`` (no
-process).
+``active`` (serving), ``starting`` (before standby), ``running`` (a headless rank: its process runs; a headless
+rank shows nothing else), ``wedged`` (a leader whose /health does not answer, judged by policy.HangPolicy as
+the agent judges it), ``dead`` (no process). A leader's entry also carries its ``requests_running`` and
+``generated_tokens`` (vLLM's metrics), when it has them: a stall is a judgement over time, the agent's.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from ..deployment.plan import Plan, RankPlan
+from ..deployment.plan import Plan
 from .failover_metrics import EngineFailoverView, engine_failover_view
 from .http import http_get
 from .lock import is_locked, read_holder
-from .policy import HangPolicy, silence
-from .proc import monotonic_to_unix, unit_properties
+from .policy import HangPolicy
+from .proc import unit_properties
+from .progress import parse_sample
 
 LEADER_STATES = {"standby": "parked", "waking": "waking", "active": "active", "init": "starting"}
 
@@ -55,42 +57,34 @@ def lock_holder(lock_path: str) -> str | None:
     return read_holder(lock_path) if is_locked(lock_path) else None
 
 
-def rank_states(plan: Plan, host: str, health_timeout_s: float = 1.0,
-                heartbeat_stall_s: float = 3.0) -> list[dict[str, Any]]:
+def rank_states(plan: Plan, host: str, health_timeout_s: float = 1.0) -> list[dict[str, Any]]:
     """One entry per cohort rank on ``host``. A leader is ``wedged`` when /health gave no 200 for
-    ``health_timeout_s`` (the probe waits that long), a rank when its progress signal stood still for
-    ``heartbeat_stall_s`` since its start: the agent's judgement (policy.HangPolicy) with the same settings."""
-    hang = HangPolicy(health_timeout_s=health_timeout_s, progress_stall_s=heartbeat_stall_s)
+    ``health_timeout_s`` (the probe waits that long): the agent's judgement (policy.HangPolicy)."""
+    hang = HangPolicy(health_timeout_s=health_timeout_s, progress_stall_s=plan.failover.progress_stall_s)
     states = []
     for cohort in plan.cohorts:
         rank = next((r for r in cohort.ranks if r.host == host), None)
         if rank is None:
             continue
         unit = plan.unit_name("engine", cohort.cohort)
-        props = unit_properties(unit, "ActiveState", "MainPID", "ExecMainStartTimestampMonotonic")
+        props = unit_properties(unit, "ActiveState", "MainPID")
         pid = int(props.get("MainPID", "0") or 0)
         entry: dict[str, Any] = {
             "cohort": cohort.cohort, "role": cohort.role, "host": host, "rank": rank.node_rank,
             "leader": rank.leader, "unit": unit, "pid": pid, "health": None,
             "ports": asdict(cohort.ports),
         }
-        started = monotonic_to_unix(props.get("ExecMainStartTimestampMonotonic", "0")) or 0.0
-        progress = plan.engine.progress_mtime(plan.lock_dir, cohort.engine_id, rank.node_rank)
-        progress_silent = silence(progress, started, time.time())
         if props.get("ActiveState") not in ("active", "activating", "deactivating") or not pid:
             entry["state"] = "dead"
-        elif hang.judge(progress_silent, None):
-            entry["state"] = "wedged"
         elif rank.leader:
-            entry.update(_leader_state(plan, cohort.cohort, rank, hang))
-        else:  # a headless rank shows progress only through its progress signal, when its backend has one
-            signal = plan.engine.progress_file(plan.lock_dir, cohort.engine_id, rank.node_rank) is not None
-            entry["state"] = "starting" if signal and progress_silent is None else "running"
+            entry.update(_leader_state(plan, cohort.cohort, hang))
+        else:
+            entry["state"] = "running"
         states.append(entry)
     return states
 
 
-def _leader_state(plan: Plan, cohort: int, rank: RankPlan, hang: HangPolicy) -> dict[str, Any]:
+def _leader_state(plan: Plan, cohort: int, hang: HangPolicy) -> dict[str, Any]:
     base = plan.cohort(cohort).system_url
     asked = time.monotonic()
     health = http_get(f"{base}/health", hang.health_timeout_s)
@@ -102,4 +96,8 @@ def _leader_state(plan: Plan, cohort: int, rank: RankPlan, hang: HangPolicy) -> 
     views = engine_failover_view(metrics[1]) if metrics else {}
     view = views.get(str(plan.cohort(cohort).engine_id))
     state = LEADER_STATES.get(view.state or "", "starting") if view else "starting"
-    return {"state": state, "health": health[0]}
+    entry: dict[str, Any] = {"state": state, "health": health[0]}
+    sample = parse_sample(metrics[1]) if metrics else None
+    if sample is not None:
+        entry.update(requests_running=sample.running, generated_tokens=sample.tokens)
+    return entry

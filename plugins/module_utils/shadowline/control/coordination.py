@@ -127,6 +127,10 @@ class Keys:
     def gms_lost(self, host: str | None = None) -> str:
         return f"{self.root}gms_lost/{host}" if host else f"{self.root}gms_lost/"
 
+    def fenced(self, host: str | None = None) -> str:
+        """A node whose GPU needs a reset or service (its agent writes it; an operator removes it: unfence)."""
+        return f"{self.root}fenced/{host}" if host else f"{self.root}fenced/"
+
 
 class Coordination:
     """Slot transitions as etcd transactions."""

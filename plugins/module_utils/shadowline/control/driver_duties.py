@@ -5,7 +5,8 @@ DriverDuties, which observes, calls them and hands their actions to the executor
 Duties: notice a new lock holder and verify its promotion (active, registered, a completion through the
 frontend), then record it active; take a failed cohort out of discovery; relaunch a failed slot once every node
 confirmed its ranks gone (RelaunchPolicy: backoff, crash loop -> dead); mark a parked relaunch running; watch
-the other agents (lost/back, the serving probe, node-lost); have the writer republish after a GMS server died.
+the other agents (lost/back, the serving probe, node-lost); send canaries to an idle serving cohort (an idle hang
+shows in no metric); have the writer republish after a GMS server died.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from .actions import (
     ClearGmsLost,
     CreateSlot,
     Declare,
+    EndCanary,
     EndPromotion,
     ExtendPromotion,
+    NoteFences,
     NoteLaunched,
     NoteLockReplaced,
     ObserveTeardown,
@@ -39,6 +42,7 @@ from .actions import (
     RecordActive,
     ReleaseBridge,
     RevokeRegistration,
+    SendCanary,
     SetHolder,
     SetServing,
     SwapSlot,
@@ -49,9 +53,9 @@ from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
 from .etcd_client import EtcdError
 from .lock import parse_holder
 from .lock_identity import LockSeen, lock_seen
-from .memory import DriverMemory, NodeMemory, Promotion
+from .memory import Canary, DriverMemory, NodeMemory, Promotion
 from .observe import HealthAnswer
-from .policy import RelaunchPolicy
+from .policy import CANARY_UNANSWERED, NODE_FENCED, HangPolicy, RelaunchPolicy
 from .proc import cgroup_pids, listening_ports
 from .view import DeploymentView, Now
 
@@ -240,6 +244,12 @@ def relaunch_due(slot: Slot, revision: int, view: DeploymentView, hosts: list[st
         ObserveTeardown(teardown_s),
         Record("generation-gone", slot.cohort, slot.generation,
                {"teardown_s": round(teardown_s, 4), "per_node": {h: round(t - detected, 4) for h, t in gone.items()}})]
+    if view.fenced:  # a GPU out of service: no cohort can run; held until an operator unfences the node
+        held = Slot(cohort=slot.cohort, generation=slot.generation, state=DEAD, reason=NODE_FENCED,
+                    attempts=slot.attempts, since=now.wall)
+        return actions + [SwapSlot(held, revision, "dead", then=(
+            Record("slot-held", slot.cohort, slot.generation, {"fenced": sorted(view.fenced), "detail": (
+                "relaunch held while a node is fenced; it resumes by itself once the node is unfenced")}),))]
     attempts = policy.attempts_after(slot.attempts, ran_for(slot, driver))
     if policy.gives_up(attempts):
         dead = Slot(cohort=slot.cohort, generation=slot.generation, state=DEAD, reason="crash-loop",
@@ -253,6 +263,32 @@ def relaunch_due(slot: Slot, revision: int, view: DeploymentView, hosts: list[st
     return actions + [SwapSlot(launching, revision, "relaunch", detected=detected, launch_at=now.wall + delay, then=(
         Record("relaunch-scheduled", slot.cohort, slot.generation + 1,
                {"delay_s": round(delay, 3), "attempts": attempts}),))]
+
+
+def unfenced_due(slot: Slot, revision: int, view: DeploymentView, now: Now) -> list[Action]:
+    """A slot held while a node was fenced, once no node is: relaunched (a new generation, no crash-loop count)."""
+    if slot.state != DEAD or slot.reason != NODE_FENCED or view.fenced:
+        return []
+    launching = Slot(cohort=slot.cohort, generation=slot.generation + 1, state=LAUNCHING, since=now.wall,
+                     reason="relaunch after unfence", attempts=0, not_before=now.wall)
+    return [SwapSlot(launching, revision, "relaunch", launch_at=now.wall, then=(
+        Record("relaunch-scheduled", slot.cohort, slot.generation + 1, {"delay_s": 0.0, "after": "unfence"}),))]
+
+
+def fences_reported(view: DeploymentView, driver: DriverMemory) -> list[Action]:
+    """Say once, loudly, what a fenced node means for serving (and when it was unfenced)."""
+    if set(view.fenced) == driver.fences_reported:
+        return []
+    actions: list[Action] = []
+    for host in sorted(set(view.fenced) - driver.fences_reported):
+        record = view.fenced[host]
+        actions.append(Record("serving-needs-hardware", fields={
+            "node": host, "gpu": record.get("gpu"), "xid": record.get("xid"), "action": record.get("action"),
+            "detail": (f"{host} is fenced ({record.get('detail', 'a GPU out of service')}): every cohort has a rank "
+                       f"on it, so nothing serves until the GPU is reset or the node replaced. Then: "
+                       f"ansible-playbook playbooks/failover.yml -e unfence={host}")}))
+    actions += [Record("unfenced", fields={"node": host}) for host in sorted(driver.fences_reported - set(view.fenced))]
+    return actions + [NoteFences(frozenset(view.fenced))]
 
 
 def running_due(slot: Slot, revision: int, driver: DriverMemory, node: NodeMemory, health: HealthAnswer | None,
@@ -359,6 +395,59 @@ def watch_agents(view: DeploymentView, host: str, driver: DriverMemory, failover
     return actions
 
 
+def watch_idle_serving(view: DeploymentView, driver: DriverMemory, node: NodeMemory, hang: HangPolicy,
+                       failover: Failover, now: Now) -> list[Action]:
+    """An idle serving cohort shows nothing in its metrics (vLLM's running gauge stays 0 and its token counter
+    still when an idle engine hangs): only a request finds an idle hang before a user does. While the serving
+    leader's metrics say nothing is running, a one-token canary goes through the frontend every
+    canary_interval_s (canary_due), and the one in flight is judged (judge_canary)."""
+    if driver.canary is not None:
+        return judge_canary(driver.canary, view, driver, node, hang, now)
+    return canary_due(view, driver, node, failover, now)
+
+
+def judge_canary(canary: Canary, view: DeploymentView, driver: DriverMemory, node: NodeMemory, hang: HangPolicy,
+                 now: Now) -> list[Action]:
+    """A canary with no answer when HangPolicy says it waited too long (progress_stall_s), the leader's token
+    counter not moved since, declares the serving generation failed (canary-unanswered). An answer that is an
+    error (no worker registered, a routing failure) is recorded, never declared: it says nothing of the engine."""
+    slot = view.slot(canary.cohort)
+    if (driver.serving != canary.cohort or driver.promotion is not None or slot is None
+            or slot.generation != canary.generation or slot.state != RUNNING):
+        return [EndCanary()]
+    if canary.answer is not None:
+        if canary.answer.ok:
+            return [EndCanary()]
+        return [EndCanary(), Record("canary-failed", canary.cohort, canary.generation,
+                                    {"status": canary.answer.status, "error": canary.answer.error})]
+    waited = now.mono - canary.sent_at
+    if not hang.canary_unanswered(waited):
+        return []
+    rank = node.ranks.get(canary.cohort)
+    tokens = rank.progress.tokens if rank is not None and rank.progress is not None else None
+    if tokens is not None and canary.tokens is not None and tokens > canary.tokens:
+        return [EndCanary()]  # the engine generates: a slow answer, not a hang
+    detail = (f"a one-token canary completion to the idle serving cohort had no answer for {waited:.1f} s "
+              f"(progress_stall_s {hang.progress_stall_s:g}), the token counter still")
+    evidence = rank.culprit("canary", detail) if rank is not None else {"signal": "canary", "evidence": detail}
+    return [EndCanary(), Declare(canary.cohort, canary.generation, CANARY_UNANSWERED, evidence)]
+
+
+def canary_due(view: DeploymentView, driver: DriverMemory, node: NodeMemory, failover: Failover,
+               now: Now) -> list[Action]:
+    """A canary to the serving cohort when it is due and its leader (on this node) shows nothing running."""
+    if driver.serving is None or driver.promotion is not None or now.mono < driver.next_canary:
+        return []
+    slot = view.slot(driver.serving)
+    rank = node.ranks.get(driver.serving)
+    if slot is None or slot.state != RUNNING or rank is None or rank.generation != slot.generation:
+        return []
+    if rank.progress is not None and rank.progress.running:
+        return []  # requests run: the token counter judges (node_duties.judge_rank)
+    tokens = rank.progress.tokens if rank.progress is not None else None
+    return [SendCanary(driver.serving, slot.generation, now.mono, tokens, now.mono + failover.canary_interval_s)]
+
+
 def republish_weights(view: DeploymentView, driver: DriverMemory) -> list[Action]:
     """After a GMS server died, relaunch the writer cohort (ENGINE_ID=0 loads from disk and publishes) so the
     weights are resident again for future shadows. If cohort 0 is serving, a parked shadow takes over first
@@ -391,6 +480,7 @@ class DriverDuties:
         self.node = node
         self.memory = memory
         self.policy = RelaunchPolicy.of(plan.failover)
+        self.hang = HangPolicy.of(plan.failover)
         self.registrations = etcd_registrations
         self.execute = execute
 
@@ -414,6 +504,8 @@ class DriverDuties:
                                    {c: self.plan.cohort(c).engine_id for c in self.plan.cohort_ids}, now))
         self.execute(verify_promotion(view, self.memory, self.node, self.promotion_seen(), now))
         self.execute(watch_agents(view, self.host, self.memory, self.plan.failover, now))
+        self.execute(watch_idle_serving(view, self.memory, self.node, self.hang, self.plan.failover, now))
+        self.execute(fences_reported(view, self.memory))
         for entry in view.slots.values():
             slot, revision = entry.slot, entry.revision
             if slot.state == FAILED:
@@ -427,6 +519,8 @@ class DriverDuties:
                 self.execute(running_due(slot, revision, self.memory, self.node, health, Now.read()))
             elif slot.state == RUNNING:
                 self.execute(stable_due(slot, revision, self.plan.failover, now))
+            elif slot.state == DEAD:
+                self.execute(unfenced_due(slot, revision, view, now))
 
     def promotion_seen(self) -> PromotionSeen:
         """Of the promotion being verified, what is still to be found out: its state, then its registration."""

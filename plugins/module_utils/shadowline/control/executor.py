@@ -19,12 +19,15 @@ from .actions import (
     AgentLost,
     AgentsSeen,
     BeginPromotion,
+    ClearFence,
     ClearGmsLost,
     Confirm,
     CreateSlot,
     Declare,
+    EndCanary,
     EndPromotion,
     ExtendPromotion,
+    Fence,
     FinishTeardown,
     KillRest,
     Launch,
@@ -32,6 +35,7 @@ from .actions import (
     LaunchFailed,
     MarkHealthy,
     NoteDetected,
+    NoteFences,
     NoteLaunched,
     NoteLockReplaced,
     NoteProgress,
@@ -46,6 +50,7 @@ from .actions import (
     ReportGmsLost,
     ReportInvalid,
     RevokeRegistration,
+    SendCanary,
     SetGeneration,
     SetHolder,
     SetServing,
@@ -60,7 +65,7 @@ from .discovery import revoke_leases, worker_registrations
 from .etcd_client import Etcd, EtcdError
 from .events import EventLog
 from .lock import try_acquire
-from .memory import DriverMemory, LocalRank, NodeMemory, Start, Teardown
+from .memory import Canary, DriverMemory, LocalRank, NodeMemory, Start, Teardown
 from .proc import alive, kill_cgroup, systemctl, wait_cgroup_empty
 from .view import Now
 
@@ -79,7 +84,7 @@ class Schedule:
 @dataclass(frozen=True)
 class ProbeResult:
     """A frontend completion sent from a probe thread, handed back to the loop (threads write nothing else)."""
-    kind: str  # "promotion" or "serving"
+    kind: str  # "promotion", "serving" or "canary"
     request: frontend.Request
     cohort: int | None = None
     generation: int | None = None
@@ -148,7 +153,9 @@ class Executor:
         elif isinstance(action, NoteProgress):
             rank = self.node.ranks.get(action.cohort)
             if rank is not None:
-                rank.progress = action.mark
+                rank.progress, rank.progress_at = action.observation, action.at
+        elif isinstance(action, (Fence, ClearFence)):
+            self.fence(action)
         elif isinstance(action, SetGeneration):
             rank = self.node.ranks.get(action.cohort)
             if rank is not None:
@@ -188,7 +195,20 @@ class Executor:
         if slot is not None:
             self.node.detected_at[key] = slot.since
             self.metrics.count("detections_total", action.reason)
-            self.events.write("failure-declared", action.cohort, action.generation, reason=action.reason)
+            self.events.write("failure-declared", action.cohort, action.generation, reason=action.reason,
+                              **action.evidence)
+
+    def fence(self, action: Fence | ClearFence) -> None:
+        if isinstance(action, ClearFence):
+            self.node.fence, self.node.fence_written = None, False
+            return
+        self.node.fence, self.node.fence_written = action.record, False
+        try:
+            self.etcd.put(self.coord.keys.fenced(action.host), json.dumps(action.record, sort_keys=True))
+        except EtcdError as err:
+            self.events.write("fence-deferred", error=str(err))  # written again from the next view
+            return
+        self.node.fence_written = True
 
     def tear_down(self, rank: LocalRank, since: float, grace: float) -> None:
         """Kill every process of the rank (its unit's cgroup) without waiting for etcd. With a grace (a planned
@@ -364,6 +384,12 @@ class Executor:
         elif isinstance(action, ProbeServing):
             driver.next_serving_probe = action.next_at
             self.probe("serving")
+        elif isinstance(action, SendCanary):
+            self.send_canary(action, driver)
+        elif isinstance(action, EndCanary):
+            driver.canary = None
+        elif isinstance(action, NoteFences):
+            driver.fences_reported = set(action.nodes)
         elif isinstance(action, ClearGmsLost):
             for key in action.keys:
                 try:
@@ -372,6 +398,12 @@ class Executor:
                     pass  # seen again next pass: the republish decision is idempotent
         else:
             raise TypeError(f"no executor for {action!r}")
+
+    def send_canary(self, action: SendCanary, driver: DriverMemory) -> None:
+        driver.next_canary = action.next_at
+        driver.canary = Canary(action.cohort, action.generation, action.sent_at, action.tokens)
+        # the request may take longer than the canary's judgement: the driver decides at progress_stall_s
+        self.probe("canary", action.cohort, action.generation, timeout=2 * self.plan.failover.progress_stall_s + 1)
 
     def swap(self, action: SwapSlot, driver: DriverMemory) -> None:
         try:
@@ -410,9 +442,10 @@ class Executor:
                                                       self.plan.model_id)]
 
     # --- probes: threads that only send, their answers come back through the queue ------------------------------
-    def probe(self, kind: str, cohort: int | None = None, generation: int | None = None) -> None:
+    def probe(self, kind: str, cohort: int | None = None, generation: int | None = None,
+              timeout: float = 2.0) -> None:
         def send() -> None:
-            request = frontend.probe(self.plan.infra.frontend_url, self.plan.model_id, 2.0)
+            request = frontend.probe(self.plan.infra.frontend_url, self.plan.model_id, timeout)
             self.probes.put(ProbeResult(kind, request, cohort, generation))
             os.write(self.wake_fd, b"p")
         threading.Thread(target=send, name=f"{kind}-probe", daemon=True).start()
@@ -429,6 +462,11 @@ class Executor:
                 driver.serving_probe = result.request
                 if result.request.ok:
                     driver.serving_ok_at = max(driver.serving_ok_at, result.request.end_mono)
+                continue
+            if result.kind == "canary":
+                canary = driver.canary
+                if canary is not None and (canary.cohort, canary.generation) == (result.cohort, result.generation):
+                    canary.answer = result.request
                 continue
             p = driver.promotion
             if p is not None and (p.cohort, p.generation) == (result.cohort, result.generation):

@@ -4,6 +4,9 @@ the driver's events on the leader node until another cohort is promoted (when th
 is refilled with a fresh shadow. A slot the agents gave up on (``dead``, a crash loop) is revived instead: a
 new generation is launched with its crash-loop count reset.
 
+``unfence`` removes a node's fence (written by its agent when a GPU fault took the GPU out of service): the driver
+then relaunches the slots it held.
+
 Reasons recorded in the slot and the events: ``planned-failover`` or ``forced-failover``. Planned refuses to
 fail the serving cohort over when no parked shadow could take over (serving would stop until the relaunch);
 forced does it anyway. Runs on the leader node (it reads the lock and the driver's event log there).
@@ -11,6 +14,7 @@ forced does it anyway. Runs on the leader node (it reads the lock and the driver
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -157,3 +161,25 @@ def follow(plan: Plan, coord: Coordination, cohort: int, generation: int, was_se
                    if key not in seen and (key != "promoted" or was_serving)]
         out["waiting_for"] = missing
     return out
+
+
+def unfence(plan: Plan, node: str, check: bool = False) -> dict[str, Any]:
+    """Remove ``node``'s fence (once its GPU was reset or the node serviced); the held slots relaunch by
+    themselves. Returns {changed, fence (the record that was there, or None)}; ``check``: change nothing."""
+    if node not in plan.hosts:
+        raise FailoverError(f"unfence={node}: not a node of deployment {plan.deployment} "
+                            f"(nodes: {', '.join(plan.hosts)})")
+    try:
+        coord = Coordination(etcd_for(plan), plan.deployment)
+        kv = coord.etcd.get(coord.keys.fenced(node))
+        if kv is None:
+            return {"changed": False, "fence": None}
+        if not check:
+            coord.etcd.delete(coord.keys.fenced(node))
+    except EtcdError as err:
+        raise FailoverError(f"etcd does not answer: {err}") from None
+    try:
+        record = json.loads(kv.value)
+    except ValueError:
+        record = {"detail": kv.value.decode(errors="replace")}
+    return {"changed": True, "fence": record}

@@ -216,6 +216,7 @@ EVENT_GPU_UNAVAILABLE = 0x0000000000004000
 EVENT_GPU_RECOVERY_ACTION = 0x0000000000008000
 EVENT_MASK = EVENT_DOUBLE_BIT_ECC | EVENT_XID_CRITICAL | EVENT_GPU_UNAVAILABLE | EVENT_GPU_RECOVERY_ACTION
 NVML_ERROR_TIMEOUT = 10  # pynvml.NVML_ERROR_TIMEOUT: nvmlEventSetWait saw no event
+NVML_ERROR_GPU_IS_LOST = 15  # pynvml.NVML_ERROR_GPU_IS_LOST: a GPU fell off the bus or stopped answering
 
 
 def fault_of_nvml_event(event_type: int, event_data: int, gpu_uuid: str | None, pci_bus: str | None,
@@ -278,9 +279,13 @@ class NvmlEvents:
             try:
                 data = self.nvml.nvmlEventSetWait(self.event_set, wait)
             except Exception as err:  # noqa: BLE001 (pynvml.NVMLError; timeout is the usual answer)
-                if getattr(err, "value", None) != NVML_ERROR_TIMEOUT:
-                    faults.append(GpuFault(None, None, None, NODE_SERVICE, f"NVML event wait failed: {err}", NVML,
-                                           time.time()))
+                code = getattr(err, "value", None)
+                if code == NVML_ERROR_GPU_IS_LOST:
+                    faults.append(GpuFault(None, None, None, NODE_SERVICE, f"NVML event wait failed: {err} (a GPU "
+                                           "is lost)", NVML, time.time()))
+                elif code != NVML_ERROR_TIMEOUT:
+                    # the listener is blind from here on; that is no fault of a GPU (never fence a node for it)
+                    raise OSError(f"NVML event wait failed: {err}") from None
                 return faults
             uuid, bus = self.devices.get(_key(data.device), (None, None))
             fault = fault_of_nvml_event(int(data.eventType), int(data.eventData), uuid, bus)

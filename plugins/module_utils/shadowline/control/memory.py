@@ -7,15 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .frontend import Request
-
-
-@dataclass(frozen=True)
-class ProgressMark:
-    """A rank's progress signal as the agent last saw it: its value, and when (monotonic) it last changed.
-    ``moved``: it changed since the agent first saw it (a signal never seen moving is not judged)."""
-    value: float
-    changed_at: float
-    moved: bool = False
+from .progress import Observation
 
 
 @dataclass
@@ -29,7 +21,14 @@ class LocalRank:
     leader: bool
     started: float  # when systemd started the rank's main process (unix time)
     healthy_at: float | None = None  # the last 200 from the leader's /health (monotonic); None: none yet
-    progress: ProgressMark | None = None  # None: its progress signal not seen yet
+    progress: Observation | None = None  # the leader's generation progress (vLLM's metrics); None: not seen yet
+    progress_at: float = 0.0  # when (monotonic) the leader's /metrics was last read
+    node: str = ""  # the node it runs on, and that node's rank: where a failure it shows is named
+    node_rank: int = 0
+
+    def culprit(self, signal: str, detail: str) -> dict[str, object]:
+        """The evidence of a failure this rank showed first (Declare.evidence): signal, node, node rank, what."""
+        return {"signal": signal, "culprit_node": self.node, "culprit_rank": self.node_rank, "evidence": detail}
 
 
 @dataclass
@@ -60,6 +59,8 @@ class NodeMemory:
     declare_errors: set[tuple[int, int]] = field(default_factory=set)
     etcd_lost_since: float | None = None  # monotonic; None while etcd answers
     reported_invalid: set[tuple[str, int]] = field(default_factory=set)  # (key, revision) of records reported
+    fence: dict[str, Any] | None = None  # this node's fence record, once a GPU fault took its GPU out of service
+    fence_written: bool = False  # etcd has it: its absence from a later view is an operator's unfence
 
 
 @dataclass
@@ -79,6 +80,17 @@ class Promotion:
 
 
 @dataclass
+class Canary:
+    """A one-token completion sent through the frontend to the idle serving cohort, until it is answered or
+    judged unanswered (policy.HangPolicy.canary_unanswered)."""
+    cohort: int
+    generation: int
+    sent_at: float  # monotonic
+    tokens: float | None  # the leader's generated-token counter when it was sent (None: not known)
+    answer: Request | None = None
+
+
+@dataclass
 class DriverMemory:
     launched_at: dict[tuple[int, int], float] = field(default_factory=dict)  # (cohort, generation) -> unix
     registered: dict[int, list[int]] = field(default_factory=dict)  # cohort -> discovery leases of its worker
@@ -95,3 +107,6 @@ class DriverMemory:
     serving_ok_at: float = 0.0  # monotonic: the last completion through the frontend that succeeded
     serving_probe: Request | None = None  # the last serving probe's answer
     next_serving_probe: float = 0.0  # monotonic
+    canary: Canary | None = None  # the canary in flight to the idle serving cohort
+    fences_reported: set[str] = field(default_factory=set)  # fenced nodes already said to need hardware
+    next_canary: float = 0.0  # monotonic

@@ -4,8 +4,8 @@ calls them and hands their actions to the executor, in the order a tick needs th
 
 Duties: a rank that exits (pidfd) is torn down on this node at once (local first: before etcd hears of it) and
 its generation declared failed; a slot declared failed tears this node's rank down (at once, from the watch event:
-the hot path); a hung leader (/health) or stalled collective (progress signal) fails its generation, and a node
-cut off from etcd whose collective stalled fences itself; the ranks follow the slot records (launch a new
+the hot path); a hung leader (/health) or a stalled generation (vLLM's progress metrics on the leader) fails its
+generation, and a leader node cut off from etcd whose generation stalled fences itself; the ranks follow the slot records (launch a new
 generation, retire a leftover, abandon a start that was superseded, confirm a teardown only once the rank's
 cgroup is empty). Generations are fencing tokens: a rank is only started into a generation whose slot is
 launching; a running generation with this node's rank missing (it died while nobody watched) is declared failed
@@ -18,12 +18,14 @@ from collections.abc import Callable
 
 from ..deployment.contract import Failover
 from ..deployment.plan import Plan
-from . import observe
+from . import observe, progress
 from .actions import (
     AbandonStart,
     Action,
+    ClearFence,
     Confirm,
     Declare,
+    Fence,
     FinishTeardown,
     KillRest,
     Launch,
@@ -40,16 +42,20 @@ from .actions import (
     WakeAt,
 )
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
-from .memory import LocalRank, NodeMemory, ProgressMark, Start
+from .gpu_health import GpuFault
+from .memory import LocalRank, NodeMemory, Start
 from .observe import HealthAnswer, UnitState
-from .policy import COLLECTIVE_STALLED, HangPolicy, silence
-from .view import DeploymentView, Now
+from .policy import GENERATION_STALLED, GPU_FAULT, GPU_XID, HangPolicy, silence
+from .progress import ProgressSample
+from .view import Active, DeploymentView, Now
+from .xid_table import NONE
 
 START_JOB_S = 30.0  # a unit start job that has not made the unit active by then has failed
 INACTIVE_AFTER_START_S = 2.0  # a unit still inactive this long after `systemctl start`: its job did not run
 CLOCK_SKEW_S = 1.0  # between nodes' clocks: an adopted rank started this much before its generation's launch is
 # still counted as of that generation (NTP keeps cluster clocks far closer); earlier, it is a leftover
 NOT_GONE_REPORT_S = 1.0  # a killed rank's cgroup still not empty after this long: say so (once)
+PROGRESS_TIMEOUT_S = 0.5  # how long a /metrics read may take
 
 
 # --- decisions ----------------------------------------------------------------------------------------------------
@@ -62,7 +68,8 @@ def rank_exited(rank: LocalRank, now: Now, failover: Failover) -> list[Action]:
     """The rank's main process exited: kill the rest of it here at once, then declare its generation failed."""
     return [Record("rank-exited", rank.cohort, rank.generation, {"pid": rank.pid}),
             TearDown(rank, now.wall, float(failover.term_grace_s)),
-            Declare(rank.cohort, rank.generation, "rank-exited")]
+            Declare(rank.cohort, rank.generation, "rank-exited",
+                    rank.culprit("process-exit", f"main process {rank.pid} of {rank.unit} exited"))]
 
 
 def slot_failed(slot: Slot, memory: NodeMemory, failover: Failover) -> list[Action]:
@@ -195,25 +202,28 @@ def health_probe_timeout(rank: LocalRank, hang: HangPolicy, now: Now) -> float:
     return min(0.5, max(0.05, left))
 
 
-def progress_seen(rank: LocalRank, value: float | None, now: Now) -> tuple[ProgressMark | None, list[Action]]:
-    """The rank's progress mark after this observation of its signal (``value``: e.g. a heartbeat file's
-    mtime, a token counter; None: no signal). Time is the agent's monotonic clock: a step of the wall clock
-    can neither fake progress nor a stall."""
-    mark = rank.progress
-    if value is None or (mark is not None and value == mark.value):
-        return mark, []
-    mark = ProgressMark(value=value, changed_at=now.mono, moved=mark is not None)
-    return mark, [NoteProgress(rank.cohort, mark)]
+def progress_due(rank: LocalRank, hang: HangPolicy, now: Now) -> bool:
+    """Read the leader's /metrics now (HangPolicy.progress_every_s since the last read)?"""
+    return now.mono - rank.progress_at >= hang.progress_every_s
 
 
-def judge_rank(rank: LocalRank, progress: float | None, health: HealthAnswer | None, now: Now,
+def judge_rank(rank: LocalRank, sample: ProgressSample | None | bool, health: HealthAnswer | None, now: Now,
                hang: HangPolicy, failover: Failover, etcd_lost_since: float | None) -> list[Action]:
-    """Hung leader (no 200 from /health for health_timeout_s since the last one) or stalled collective (the
-    progress signal still for heartbeat_stall_s). A rank is judged only once it has shown the signal (moving,
-    or a 200) since the agent tracks it: weight loading takes as long as it takes. Fencing: a node cut off from
-    etcd for longer than the agent lease whose collective stalled too tears its rank down itself (the others
-    have declared it failed); an etcd outage alone, with collectives progressing, never costs a serving cohort."""
-    mark, actions = progress_seen(rank, progress, now)
+    """A leader's signals, as real engines give them (docs/detection.md): hung (no 200 from /health for
+    health_timeout_s since the last one) or its generation stalled (requests running and vLLM's token counter
+    still for progress_stall_s: a rank stuck in a collective, wherever it runs, stops the leader's steps).
+    ``sample``: this read of the leader's /metrics (None: it has no progress metrics; False: not read now, or
+    no answer). A rank is judged on /health only once it answered 200 since the agent tracks it: weight loading
+    takes as long as it takes. Headless ranks show nothing but their exit (vLLM's /health stays 200 when one
+    hangs: vllm#16259). Fencing: a leader node cut off from etcd for longer than the agent lease whose
+    generation stalled tears its rank down itself (the others have declared it failed); an etcd outage alone,
+    with generation progressing, never costs a serving cohort."""
+    actions: list[Action] = []
+    verdict = None
+    if sample is not False:
+        if sample is not None:
+            verdict = progress.judge(rank.progress, sample, now.mono, hang)
+        actions.append(NoteProgress(rank.cohort, verdict.observation if verdict else None, now.mono))
     healthy_at = rank.healthy_at
     if health is not None and health.ok:
         actions.append(MarkHealthy(rank.cohort, health.at))
@@ -221,18 +231,71 @@ def judge_rank(rank: LocalRank, progress: float | None, health: HealthAnswer | N
     health_silent = None
     if health is not None and not health.ok and healthy_at is not None:
         health_silent = silence(healthy_at, 0.0, health.at)
-    progress_silent = max(0.0, now.mono - mark.changed_at) if mark is not None and mark.moved else None
-    reason = hang.judge(progress_silent, health_silent)
+    still = verdict.still_s if verdict is not None and verdict.observation.running else None
+    reason = hang.judge(still, health_silent)
     if reason is None:
         if health_silent is not None:  # decide at the deadline, not a check period later
             actions.append(WakeAt(hang.health_deadline(healthy_at or 0.0)))
         return actions
-    actions.append(Declare(rank.cohort, rank.generation, reason))
+    if reason == GENERATION_STALLED and verdict is not None:
+        evidence = rank.culprit("progress", progress.describe(verdict, hang))
+    else:
+        evidence = rank.culprit("health", f"/health gave no 200 for {health_silent or 0.0:.1f} s "
+                                          f"(health_timeout_s {hang.health_timeout_s:g})")
+    actions.append(Declare(rank.cohort, rank.generation, reason, evidence))
     isolated_s = now.mono - etcd_lost_since if etcd_lost_since is not None else None
-    if reason == COLLECTIVE_STALLED and isolated_s is not None and isolated_s > failover.agent_lease_ttl_s:
+    if reason == GENERATION_STALLED and isolated_s is not None and isolated_s > failover.agent_lease_ttl_s:
         actions += [Record("fenced", rank.cohort, rank.generation, {"isolated_s": round(isolated_s, 3)}),
                     TearDown(rank, now.wall, float(failover.term_grace_s))]
     return actions
+
+
+def gpu_faults(faults: list[GpuFault], memory: NodeMemory, active: Active | None, host: str, failover: Failover,
+               now: Now) -> list[Action]:
+    """GPU health events of this node (control/gpu_watch.py), by the action NVIDIA's Xid catalog gives them
+    (control/xid_table.py). ``none``: recorded only. ``restart-app``: the application's GPU context failed: the
+    serving cohort's rank here (every rank here when nothing is known to serve) is killed at once and its
+    generation declared failed (gpu-xid); a parked shadow takes over as usual. ``reset-gpu`` / ``node-service``:
+    the GPU itself is out of service: every rank here is killed and declared (gpu-fault) and the node is fenced
+    (a record in etcd): every cohort has a rank on every node, so no cohort can serve, none is promoted or
+    relaunched until an operator has the GPU reset or the node replaced and unfences it
+    (``playbooks/failover.yml -e unfence=<node>``). Which GPU a rank uses is not asked: every cohort's rank on a
+    node uses the node's GPUs (the plan's gms_engine.gpus_per_node)."""
+    actions: list[Action] = []
+    for fault in faults:
+        fields = {"gpu": fault.gpu_uuid, "pci_bus": fault.pci_bus, "xid": fault.xid, "action": fault.action,
+                  "source": fault.source, "detail": fault.detail}
+        actions.append(Record("gpu-event", fields=fields))
+        if fault.action == NONE:
+            continue
+        ranks = list(memory.ranks.values())
+        serving = memory.ranks.get(active.cohort) if active is not None else None
+        if not fault.fails_gpu and serving is not None and serving.generation == active.generation:
+            ranks = [serving]
+        reason = GPU_FAULT if fault.fails_gpu else GPU_XID
+        for rank in sorted(ranks, key=lambda r: r.cohort):
+            evidence = {**rank.culprit("gpu", f"GPU {fault.gpu_uuid or fault.pci_bus}: {fault.detail}"),
+                        "gpu": fault.gpu_uuid, "xid": fault.xid, "gpu_action": fault.action}
+            actions += [TearDown(rank, now.wall, float(failover.term_grace_s)),
+                        Declare(rank.cohort, rank.generation, reason, evidence)]
+        if fault.fails_gpu and memory.fence is None:
+            record = {**fields, "since": now.wall, "node": host}
+            actions += [Fence(host, record),
+                        Record("node-fenced", fields={**fields, "detail": (
+                            f"GPU {fault.gpu_uuid or fault.pci_bus} needs {fault.action}: {fault.detail}. Every "
+                            f"cohort has a rank on {host}, so no cohort can serve until the GPU is reset or {host} "
+                            f"is replaced; then: ansible-playbook playbooks/failover.yml -e unfence={host}")})]
+    return actions
+
+
+def refence(view: DeploymentView, memory: NodeMemory, host: str) -> list[Action]:
+    """This node's fence record, written again while etcd lacks it (it was away when the fault came); once etcd
+    had it, its absence is an operator's unfence, which the node forgets its fence for."""
+    if memory.fence is None or host in view.fenced:
+        return []
+    if memory.fence_written:
+        return [ClearFence(), Record("fence-cleared", fields={"node": host})]
+    return [Fence(host, memory.fence)]
 
 
 def gms_exited(now: Now) -> list[Action]:
@@ -275,6 +338,7 @@ class NodeDuties:
     def reconcile(self, view: DeploymentView, now: Now) -> None:
         """Make this node's ranks match the slot records."""
         self.execute(report_invalid(view, self.memory))
+        self.execute(refence(view, self.memory, self.host))
         self.execute(settle_adopted(view, self.memory, now))
         for entry in view.slots.values():
             slot = entry.slot
@@ -289,18 +353,23 @@ class NodeDuties:
                 self.execute(launch_due(slot, self.memory, now))
 
     def check_health(self) -> None:
+        """Each leader rank's /health and, when due, its progress metrics (headless ranks have neither)."""
         for rank in list(self.memory.ranks.values()):
-            if not rank.generation:
+            if not rank.generation or not rank.leader:
                 continue  # adopted, its generation not known yet (etcd not read since the agent started)
             now = Now.read()
-            progress = observe.progress_mtime(self.plan, rank.cohort, self.node_rank)
-            mark, _unused = progress_seen(rank, progress, now)
-            progress_silent = now.mono - mark.changed_at if mark is not None and mark.moved else None
-            health = None
-            if rank.leader and self.hang.judge(progress_silent, None) is None:
-                health = observe.leader_health(self.plan, rank.cohort, health_probe_timeout(rank, self.hang, now))
-            now = Now.read()  # after the probe: it may have waited for its timeout
-            self.execute(judge_rank(rank, progress, health, now, self.hang, self.failover, self.memory.etcd_lost_since))
+            health = observe.leader_health(self.plan, rank.cohort, health_probe_timeout(rank, self.hang, now))
+            sample: ProgressSample | None | bool = False
+            if health.ok and progress_due(rank, self.hang, now):
+                sample = observe.leader_progress(self.plan, rank.cohort, PROGRESS_TIMEOUT_S)
+                if sample is False:
+                    self.execute([NoteProgress(rank.cohort, rank.progress, now.mono)])  # asked; try next period
+            now = Now.read()  # after the probes: they may have waited for their timeouts
+            self.execute(judge_rank(rank, sample, health, now, self.hang, self.failover, self.memory.etcd_lost_since))
+
+    def on_gpu_faults(self, faults: list[GpuFault], view: DeploymentView | None, now: Now) -> None:
+        active = view.active if view is not None else None
+        self.execute(gpu_faults(faults, self.memory, active, self.host, self.failover, now))
 
     def on_gms_exit(self, now: Now) -> None:
         self.execute(gms_exited(now))

@@ -11,6 +11,7 @@ from ..deployment.plan import Plan
 from .http import http_get
 from .memory import LocalRank
 from .proc import alive, cgroup_pids, monotonic_to_unix, pidfd_open, unit_properties
+from .progress import ProgressSample, parse_sample
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ def track(plan: Plan, host: str, cohort: int, generation: int) -> LocalRank | No
         return None
     started = monotonic_to_unix(props.get("ExecMainStartTimestampMonotonic", "0")) or time.time()
     return LocalRank(cohort=cohort, generation=generation, unit=unit, pid=pid, pidfd=pidfd,
-                     cgroup=props.get("ControlGroup") or None, leader=plan.node(host).rank == 0, started=started)
+                     cgroup=props.get("ControlGroup") or None, leader=plan.node(host).rank == 0, started=started,
+                     node=host, node_rank=plan.node(host).rank)
 
 
 def leader_health(plan: Plan, cohort: int, timeout: float) -> HealthAnswer:
@@ -52,9 +54,17 @@ def leader_health(plan: Plan, cohort: int, timeout: float) -> HealthAnswer:
     return HealthAnswer(ok=answer is not None and answer[0] == 200, at=time.monotonic())
 
 
-def progress_mtime(plan: Plan, cohort: int, node_rank: int) -> float | None:
-    """When the rank last stepped its progress signal (unix time), None when its backend has none."""
-    return plan.engine.progress_mtime(plan.lock_dir, plan.cohort(cohort).engine_id, node_rank)
+def leader_progress(plan: Plan, cohort: int, timeout: float) -> ProgressSample | None | bool:
+    """The leader's generation progress from its system port's /metrics (vLLM's running requests and generated
+    tokens, control/progress.py): a sample; None when the metrics have none (not a vLLM engine, or still
+    starting); False when /metrics did not answer."""
+    path = plan.engine.progress_metrics_path
+    if path is None:
+        return None
+    answer = http_get(f"{plan.cohort(cohort).system_url}{path}", timeout)
+    if answer is None or answer[0] != 200:
+        return False
+    return parse_sample(answer[1])
 
 
 def cgroup_alive(cgroup: str | None) -> bool:
@@ -75,4 +85,5 @@ def untracked(plan: Plan, host: str, cohort: int, generation: int) -> LocalRank 
     if not cgroup_alive(cgroup):
         return None
     return LocalRank(cohort=cohort, generation=generation, unit=unit, pid=int(props.get("MainPID", "0") or 0),
-                     pidfd=None, cgroup=cgroup, leader=plan.node(host).rank == 0, started=time.time())
+                     pidfd=None, cgroup=cgroup, leader=plan.node(host).rank == 0, started=time.time(),
+                     node=host, node_rank=plan.node(host).rank)

@@ -42,14 +42,18 @@ class RelaunchPolicy:
         return attempts > self.max_attempts
 
 
-LEADER_HUNG = "leader-hung"
-COLLECTIVE_STALLED = "collective-stalled"
+LEADER_HUNG = "leader-hung"  # no 200 from the leader's /health for health_timeout_s
+GENERATION_STALLED = "generation-stalled"  # requests running, vLLM's token counter still for progress_stall_s
+CANARY_UNANSWERED = "canary-unanswered"  # an idle serving cohort gave no token to a canary in progress_stall_s
+GPU_XID = "gpu-xid"  # an Xid the catalog resolves by restarting the application: its GPU context failed
+GPU_FAULT = "gpu-fault"  # the GPU needs a reset or the node service: the node is fenced
+NODE_FENCED = "node-fenced"  # a slot held dead while a node is fenced (relaunched by itself after the unfence)
 
 
 def silence(last_sign: float | None, started: float, now: float) -> float | None:
-    """Seconds since a rank last showed it is alive (``last_sign``: a 200 from its /health, a step of its
-    progress signal), or None when it has shown nothing since it started (``started``): still loading weights,
-    which takes as long as it takes, so it is not judged (a start that never ends is the launch timeout)."""
+    """Seconds since a rank last showed it is alive (``last_sign``: a 200 from its /health), or None when it has
+    shown nothing since it started (``started``): still loading weights, which takes as long as it takes, so it
+    is not judged (a start that never ends is the launch timeout)."""
     if last_sign is None or last_sign < started:
         return None
     return max(0.0, now - last_sign)
@@ -57,26 +61,39 @@ def silence(last_sign: float | None, started: float, now: float) -> float | None
 
 @dataclass(frozen=True)
 class HangPolicy:
-    """The one judgement of whether a rank is hung, used by the node agent (it declares the generation failed),
-    the Slurm watchdog (it kills the step) and the status table (it shows the rank ``wedged``): none of them
-    can call a rank hung that another leaves alone."""
+    """The one judgement of whether a serving engine is hung, from what real engines expose (docs/detection.md):
+    used by the node agent (it declares the generation failed), the Slurm watchdog (it kills the step), the
+    canary and the status table: none of them can call an engine hung that another leaves alone."""
     health_timeout_s: float  # a leader with no 200 from /health for this long is hung
-    progress_stall_s: float  # a rank whose progress signal (collective heartbeat) did not move for this long
+    progress_stall_s: float  # requests running and the generated-token counter still this long is a stall
 
     @classmethod
     def of(cls, failover: Failover) -> HangPolicy:
         return cls(health_timeout_s=float(failover.health_timeout_s),
-                   progress_stall_s=float(failover.heartbeat_stall_s))
+                   progress_stall_s=float(failover.progress_stall_s))
 
-    def judge(self, progress_silent_s: float | None, health_silent_s: float | None) -> str | None:
-        """``collective-stalled``, ``leader-hung`` or None (not hung, or not judged yet). The arguments are what
-        ``silence`` says of each signal (None: the rank has not shown that signal since its start, or it has
-        no such signal: a headless rank has no /health, a dynamo.vllm rank no progress file)."""
-        if progress_silent_s is not None and progress_silent_s > self.progress_stall_s:
-            return COLLECTIVE_STALLED
+    def judge(self, generation_still_s: float | None, health_silent_s: float | None) -> str | None:
+        """``generation-stalled``, ``leader-hung`` or None (not hung, or not judged yet). ``generation_still_s``:
+        how long the leader's token counter has stood still while requests ran (control/progress.py; None:
+        idle, or no progress metrics); ``health_silent_s``: what ``silence`` says of its /health (None: no 200
+        since its start, or a headless rank, which has no /health)."""
+        if generation_still_s is not None and generation_still_s > self.progress_stall_s:
+            return GENERATION_STALLED
         if health_silent_s is not None and health_silent_s >= self.health_timeout_s:
             return LEADER_HUNG
         return None
+
+    @property
+    def progress_every_s(self) -> float:
+        """How often a leader's /metrics is read: a tenth of progress_stall_s, between 0.2 s and 2 s. A stall is
+        found within progress_stall_s plus one period, and a real engine's /metrics (hundreds of kilobytes of
+        histograms) is not read more often than that matters."""
+        return min(2.0, max(0.2, self.progress_stall_s / 10))
+
+    def canary_unanswered(self, waited_s: float) -> bool:
+        """A canary completion sent to an idle serving cohort that has given no token for this long: an idle
+        hang (the token counter cannot show it: nothing was running)."""
+        return waited_s > self.progress_stall_s
 
     def health_deadline(self, last_healthy: float) -> float:
         """When a leader last healthy at ``last_healthy`` counts as hung if nothing healthy comes meanwhile."""

@@ -20,6 +20,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from .policy import GENERATION_STALLED, HangPolicy
+
 try:
     from prometheus_client.parser import text_string_to_metric_families
 except ImportError:  # Ansible's sanity import test; the agent's runtime has prometheus_client
@@ -27,7 +29,6 @@ except ImportError:  # Ansible's sanity import test; the agent's runtime has pro
 
 RUNNING = "vllm:num_requests_running"  # gauge
 GENERATION_TOKENS = "vllm:generation_tokens"  # counter family; its sample is GENERATION_TOKENS + "_total"
-STALLED = "generation-stalled"  # the reason a caller declares a failure for
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,12 @@ class Verdict:
 def parse_sample(text: str, model_name: str | None = None) -> ProgressSample | None:
     """The progress sample of a ``/metrics`` text, or None when it has no vLLM progress metrics (not a vLLM
     engine, an engine still starting, or log stats disabled). ``model_name`` keeps only series with that
-    ``model_name`` label (None: every series). Series of several engine cores (label ``engine``) are summed."""
+    ``model_name`` label (None: every series). Series of several engine cores (label ``engine``) are summed.
+    Only the two families' lines are parsed: a real engine's /metrics runs to hundreds of kilobytes of
+    histograms, and the agent reads it every few seconds."""
     tokens = running = None
-    for name, labels, value in samples(text):
+    wanted = "\n".join(line for line in text.splitlines() if RUNNING in line or GENERATION_TOKENS in line)
+    for name, labels, value in samples(wanted + "\n"):
         if model_name is not None and labels.get("model_name", model_name) != model_name:
             continue
         if not math.isfinite(value):
@@ -72,15 +76,15 @@ def parse_sample(text: str, model_name: str | None = None) -> ProgressSample | N
     return ProgressSample(tokens=tokens, running=running)
 
 
-def judge(previous: Observation | None, sample: ProgressSample, now: float, stall_s: float) -> Verdict:
+def judge(previous: Observation | None, sample: ProgressSample, now: float, hang: HangPolicy) -> Verdict:
     """The new observation and whether generation has stalled, from the previous observation (None: the first
-    sample of this engine) and a sample taken at monotonic ``now``.
+    sample of this engine) and a sample taken at monotonic ``now``; the stall is ``hang``'s judgement.
 
     - The counter moved: progress; the clock restarts.
     - The counter went backwards: the engine restarted; start afresh from this sample (never a stall).
     - Nothing running: idle, never a stall (only a canary finds an idle hang); the clock restarts so that the
-      requests of the next burst get the whole ``stall_s``.
-    - Requests running and the counter still for more than ``stall_s``: stalled.
+      requests of the next burst get the whole ``progress_stall_s``.
+    - Requests running and the counter still for more than ``progress_stall_s``: stalled.
     """
     if previous is None or sample.tokens < previous.tokens:
         return Verdict(Observation(sample.tokens, now, sample.running > 0), stalled=False, still_s=0.0,
@@ -89,15 +93,16 @@ def judge(previous: Observation | None, sample: ProgressSample, now: float, stal
         return Verdict(Observation(sample.tokens, now, sample.running > 0), stalled=False, still_s=0.0)
     changed_at = previous.changed_at if previous.running else now  # requests just started: their clock starts
     still = max(0.0, now - changed_at)
-    return Verdict(Observation(sample.tokens, changed_at, True), stalled=still > stall_s, still_s=still)
+    return Verdict(Observation(sample.tokens, changed_at, True), stalled=hang.judge(still, None) == GENERATION_STALLED,
+                   still_s=still)
 
 
-def describe(verdict: Verdict, stall_s: float) -> str:
+def describe(verdict: Verdict, hang: HangPolicy) -> str:
     """A sentence for the failure declaration and the drill report."""
     obs = verdict.observation
     if verdict.stalled:
         return (f"requests running and no token generated for {verdict.still_s:.1f} s "
-                f"(vllm:generation_tokens_total stuck at {obs.tokens:g}; progress_stall_s {stall_s:g})")
+                f"(vllm:generation_tokens_total stuck at {obs.tokens:g}; progress_stall_s {hang.progress_stall_s:g})")
     if verdict.reset:
         return f"the token counter went back to {obs.tokens:g}: the engine restarted"
     return "generating" if obs.running else "idle"

@@ -54,6 +54,7 @@ class DeploymentView:
     gms_lost: dict[str, str] = field(default_factory=dict)  # node -> its gms_lost key
     gone: dict[tuple[int, int], dict[str, float]] = field(default_factory=dict)  # (cohort, generation) -> node -> when
     invalid: dict[str, Invalid] = field(default_factory=dict)  # key -> why it was ignored
+    fenced: dict[str, dict] = field(default_factory=dict)  # node -> its fence record (a GPU out of service)
 
     def slot(self, cohort: int) -> Slot | None:
         entry = self.slots.get(cohort)
@@ -73,6 +74,7 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
     gms_lost: dict[str, str] = {}
     gone: dict[tuple[int, int], dict[str, float]] = {}
     invalid: dict[str, Invalid] = {}
+    fenced: dict[str, dict] = {}
     for kv in kvs:
         if not kv.key.startswith(keys.root):
             continue
@@ -89,6 +91,9 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
                 agents.add(parts[1])
             elif parts[0] == "gms_lost" and len(parts) == 2:
                 gms_lost[parts[1]] = kv.key
+            elif parts[0] == "fenced" and len(parts) == 2:
+                record = json.loads(kv.value)
+                fenced[parts[1]] = record if isinstance(record, dict) else {"detail": str(record)}
             elif parts[0] == "gone" and len(parts) == 4:
                 when = gone_time(kv.value)
                 if when is not None:
@@ -101,7 +106,7 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
         except (ValueError, KeyError, TypeError):
             continue
     return DeploymentView(revision=revision, slots=slots, active=active, agents=frozenset(agents),
-                          gms_lost=gms_lost, gone=gone, invalid=invalid)
+                          gms_lost=gms_lost, gone=gone, invalid=invalid, fenced=fenced)
 
 
 def read_view(etcd: Etcd, keys: Keys, cohorts: frozenset[int]) -> DeploymentView:

@@ -7,9 +7,11 @@ watches what a hang stops:
 - a leader rank (no ``--headless``) with ``DYN_SYSTEM_PORT`` set: its ``/health`` on
   ``DYN_SYSTEM_HOST:DYN_SYSTEM_PORT``. Armed once it first answered 200; a hang is no 200 for
   ``--health-timeout`` seconds (no answer at all, as from a frozen process, counts);
-- a rank whose backend has a progress signal (the stand-in, ``shadowline.standin.engine``: its collective
-  heartbeat file, ``Backend.progress_file`` in the failover lock's directory), rewritten at every collective
-  step. Armed once it first appeared; a hang is the content not changing for ``--heartbeat-stall`` seconds.
+- the same leader's generation progress: vLLM's ``vllm:num_requests_running`` and
+  ``vllm:generation_tokens_total`` on its ``/metrics`` (control/progress.py): a stall is requests running and
+  the token counter still for ``--progress-stall`` seconds, wherever the stuck rank runs (a rank stuck in a
+  collective stops every step of the leader). Headless ranks expose nothing of their own: they are ended by
+  torch's NCCL watchdog (the plan's environment) or their step's teardown.
 
 Whether a rank is hung is policy.HangPolicy's judgement, the one the node agent and the status table use.
 
@@ -37,13 +39,12 @@ import os
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 
 from .. import console
 from ..backends import BACKENDS
-from . import discovery
+from . import discovery, progress
 from .access import etcd_from_env
 from .etcd_client import EtcdError
 from .http import http_get
@@ -94,7 +95,7 @@ class Target:
     node_rank: int
     engine_id: str
     health_url: str | None
-    heartbeat_file: str | None
+    metrics_url: str | None
     address: str | None  # the leader's address, to find its registration
     system_port: int | None
     model: str | None  # the served model name
@@ -108,21 +109,11 @@ class Target:
         host = os.environ.get("DYN_SYSTEM_HOST", "").strip() or "127.0.0.1"
         port = os.environ.get("DYN_SYSTEM_PORT", "").strip()
         health = f"http://{host}:{port}/health" if leader and port.isdigit() else None
-        heartbeat = engine.progress_file(progress_dir(), engine_id, node_rank) if engine else None
+        path = engine.progress_metrics_path if engine else None
+        metrics = f"http://{host}:{port}{path}" if leader and port.isdigit() and path else None
         address = host if leader else _flag(argv, "--master-addr")
-        return cls(leader, node_rank, engine_id, health, heartbeat, address,
+        return cls(leader, node_rank, engine_id, health, metrics, address,
                    int(port) if port.isdigit() else None, _flag(argv, "--served-model-name"))
-
-
-def progress_dir() -> str:
-    """Where a rank's progress file lives: the failover lock's directory (as in the plan; the stand-in's own
-    SHADOWLINE_STANDIN_STATE_DIR overrides it, GMS_SOCKET_DIR when a rank has no lock path)."""
-    explicit = os.environ.get("SHADOWLINE_STANDIN_STATE_DIR")
-    if explicit:
-        return explicit
-    if os.environ.get("FAILOVER_LOCK_PATH"):
-        return os.path.dirname(os.path.abspath(os.environ["FAILOVER_LOCK_PATH"]))
-    return os.environ.get("GMS_SOCKET_DIR") or tempfile.gettempdir()
 
 
 class HealthProbe:
@@ -145,30 +136,28 @@ class HealthProbe:
         return None
 
 
-class HeartbeatProbe:
-    """The progress file's content unchanged for the policy's stall time, after it first appeared."""
+class ProgressProbe:
+    """Requests running and vLLM's generated-token counter still for the policy's stall time (progress.judge)."""
 
-    def __init__(self, path: str, policy: HangPolicy) -> None:
-        self.path, self.policy = path, policy
-        self.content: str | None = None
-        self.changed: float | None = None
+    def __init__(self, url: str, policy: HangPolicy) -> None:
+        self.url, self.policy = url, policy
+        self.observation: progress.Observation | None = None
+        self.read_at = float("-inf")
 
     def check(self, now: float) -> str | None:
-        try:
-            with open(self.path, encoding="ascii") as f:
-                content = f.read()
-        except OSError:
-            return None  # not there yet, or removed by a rank that is exiting
-        if content != self.content:
-            if self.content is None:
-                log(f"heartbeat {self.path} appeared: watching it "
-                    f"(hang = no change for {self.policy.progress_stall_s:g} s)")
-            self.content, self.changed = content, now
+        if now - self.read_at < self.policy.progress_every_s:
             return None
-        silent = now - self.changed if self.changed is not None else None
-        if self.policy.judge(silent, None):
-            return f"heartbeat {self.path} did not change for {silent:.1f} s (last: {content.strip()!r})"
-        return None
+        self.read_at = now
+        answer = http_get(self.url, 0.5)
+        sample = progress.parse_sample(answer[1]) if answer is not None and answer[0] == 200 else None
+        if sample is None:
+            return None  # no answer (HealthProbe judges that), or no progress metrics (yet)
+        if self.observation is None:
+            log(f"{self.url} has vLLM's progress metrics: watching them "
+                f"(stall = requests running, no token for {self.policy.progress_stall_s:g} s)")
+        verdict = progress.judge(self.observation, sample, now, self.policy)
+        self.observation = verdict.observation
+        return progress.describe(verdict, self.policy) if verdict.stalled else None
 
 
 # -- the child ------------------------------------------------------------------------------------------ #
@@ -214,9 +203,10 @@ def teardown(target: Target, child: subprocess.Popen, event: str, reason: str, r
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m shadowline.control.watchdog",
-                                description="Run an engine rank; exit non-zero when its health or heartbeat stalls.")
+                                description="Run an engine rank; exit non-zero when its health or generation stalls.")
     p.add_argument("--health-timeout", type=float, default=3.0, help="seconds without a 200 from /health (leader)")
-    p.add_argument("--heartbeat-stall", type=float, default=3.0, help="seconds without a heartbeat change (stand-in)")
+    p.add_argument("--progress-stall", type=float, default=60.0,
+                   help="seconds with requests running and no generated token (leader; gms_failover.progress_stall_s)")
     p.add_argument("--interval", type=float, default=0.2, help="seconds between checks")
     p.add_argument("--term-grace", type=float, default=10.0,
                    help="SIGTERM (a step torn down): seconds the rank may take to exit before its group is killed; "
@@ -236,12 +226,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     target = Target.of(args.command)
-    policy = HangPolicy(health_timeout_s=args.health_timeout, progress_stall_s=args.heartbeat_stall)
-    probes: list[HealthProbe | HeartbeatProbe] = []  # the cheap file check first
-    if target.heartbeat_file:
-        probes.append(HeartbeatProbe(target.heartbeat_file, policy))
+    policy = HangPolicy(health_timeout_s=args.health_timeout, progress_stall_s=args.progress_stall)
+    probes: list[HealthProbe | ProgressProbe] = []
     if target.health_url:
         probes.append(HealthProbe(target.health_url, policy))
+    if target.metrics_url:
+        probes.append(ProgressProbe(target.metrics_url, policy))
 
     forwarded: list[int] = []
     early: list[int] = []  # signals that came before the child existed

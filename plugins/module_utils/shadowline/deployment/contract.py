@@ -57,7 +57,6 @@ DEFAULT_MEMORY: dict[str, Any] = {
 }
 DEFAULT_FAILOVER: dict[str, Any] = {
     "health_timeout_s": 2.0,  # a leader whose /health does not answer this long is hung
-    "heartbeat_stall_s": 3.0,  # a rank whose collective makes no progress this long is hung
     "term_grace_s": 0.0,  # SIGTERM grace before SIGKILL when tearing down a failed generation
     "planned_grace_s": 5.0,  # SIGTERM grace of a planned failover (playbooks/failover.yml): engines drain
     "agent_lease_ttl_s": 3,  # an agent gone this long counts as a lost node
@@ -166,7 +165,6 @@ class Memory:
 @dataclass(frozen=True)
 class Failover:
     health_timeout_s: float
-    heartbeat_stall_s: float
     term_grace_s: float
     planned_grace_s: float
     agent_lease_ttl_s: int
@@ -557,14 +555,26 @@ def _parse_memory(read: Reader, value: Any) -> Memory | None:
 # gms_failover's seconds: (may be 0, the most that makes sense). Timeouts and delays of 0 would switch a
 # check off or spin; nan and infinity are never numbers here.
 FAILOVER_SECONDS: dict[str, tuple[bool, float]] = {
-    "health_timeout_s": (False, 600.0), "heartbeat_stall_s": (False, 3600.0), "term_grace_s": (True, 600.0),
+    "health_timeout_s": (False, 600.0), "term_grace_s": (True, 600.0),
     "planned_grace_s": (True, 3600.0), "relaunch_backoff_s": (False, 3600.0),
     "relaunch_backoff_max_s": (False, 86400.0), "stable_after_s": (False, 86400.0),
     "wake_timeout_s": (False, 3600.0), "progress_stall_s": (False, 3600.0), "canary_interval_s": (False, 3600.0),
 }
 
 
+# gms_failover keys that are gone, and what replaces them
+REMOVED_FAILOVER = {
+    "heartbeat_stall_s": "the stand-in's collective heartbeat file is no signal a real engine gives: hangs are "
+                         "judged from vLLM's progress metrics; remove it and set gms_failover.progress_stall_s "
+                         "(docs/detection.md)",
+}
+
+
 def _parse_failover(read: Reader, value: Any) -> Failover | None:
+    if isinstance(value, dict):
+        for key in REMOVED_FAILOVER.keys() & value.keys():
+            read.problem(f"gms_failover.{key}", "is no longer a setting.", REMOVED_FAILOVER[key] + ".")
+        value = {k: v for k, v in value.items() if k not in REMOVED_FAILOVER}
     values = read.mapping("gms_failover", value, DEFAULT_FAILOVER)
     parsed: dict[str, Any] = {}
     for key, default in DEFAULT_FAILOVER.items():

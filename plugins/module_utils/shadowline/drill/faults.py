@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..control.lock import parse_holder
+from ..control.policy import CANARY_UNANSWERED, GENERATION_STALLED, GPU_FAULT, GPU_XID
 from ..deployment.plan import Plan
 
 
@@ -31,6 +32,8 @@ class Fault:
     min_observe_s: float  # watch at least this long after the fault before calling it settled
     multi_node: bool = False  # needs a second node
     rank_hook: bool = False  # needs the backend's per-rank fault control file (Backend.rank_fault_file)
+    gpu_xid: int = 0  # a fake GPU health event with this Xid on the node's first GPU (Backend.fake_gpu_uuids)
+    fences: bool = False  # the fault takes a GPU out of service: the node is fenced; the drill unfences it after
 
 
 FAULTS: dict[str, Fault] = {f.name: f for f in (
@@ -39,10 +42,20 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
     Fault("kill-worker", "SIGKILL the serving cohort's rank on the last node",
           "serving", "last", True, ("rank-exited",), True, False, 0.5, multi_node=True),
     Fault("hang-leader", "freeze the serving leader's whole engine (SIGSTOP of every process of its unit)",
-          "serving", "leader", True, ("leader-hung", "collective-stalled"), True, False, 0.5),
-    Fault("hang-worker", "hang-collective fault (the backend's rank control file) on the serving cohort's "
-          "last-node rank", "serving", "last", True, ("collective-stalled",), True, False, 0.5, multi_node=True,
+          "serving", "leader", True, ("leader-hung",), True, False, 0.5),
+    Fault("hang-worker", "freeze the serving cohort's headless rank on the last node (SIGSTOP of every process "
+          "of its unit): vLLM's /health stays 200, generation stops", "serving", "last", True,
+          (GENERATION_STALLED, CANARY_UNANSWERED), True, False, 0.5, multi_node=True),
+    Fault("stall-generation", "a rank stuck in its collective, its process and the leader's /health up (the "
+          "backend's rank control file: hang-collective) on the serving cohort's last-node rank", "serving",
+          "last", True, (GENERATION_STALLED, CANARY_UNANSWERED), True, False, 0.5, multi_node=True,
           rank_hook=True),
+    Fault("gpu-xid-app", "Xid 31 (a GPU memory page fault: NVIDIA resolves it by restarting the application) on "
+          "the leader node's GPU, from the stand-in's GPU event file", "serving", "leader", True, (GPU_XID,), True,
+          False, 0.5, gpu_xid=31),
+    Fault("gpu-xid-fatal", "Xid 79 (the GPU has fallen off the bus: the node needs service) on the last node's "
+          "GPU: every cohort fails, the node is fenced, nothing serves until the drill unfences it", "", "last",
+          True, (GPU_FAULT,), False, False, 0.5, multi_node=True, gpu_xid=79, fences=True),
     Fault("kill-standby", "SIGKILL a parked shadow's leader: serving must not notice",
           "standby", "leader", True, ("rank-exited",), False, True, 0.5),
     Fault("kill-gms", "SIGKILL the GMS server on one node: mapped weights survive, serving continues",
@@ -93,13 +106,22 @@ def choose_target(plan: Plan, name: str, holder: str | None, host: str | None = 
         raise DrillError("cut-node takes a non-leader node: the leader node holds etcd, the frontend and the lock")
     if name in ("kill-leader", "hang-leader", "kill-standby") and node.rank != 0:
         raise DrillError(f"{name} hits a cohort leader, which runs on the leader node {nodes[0].host}")
-    if name in ("kill-worker", "hang-worker") and node.rank == 0:
+    if name in ("kill-worker", "hang-worker", "stall-generation") and node.rank == 0:
         raise DrillError(f"{name} hits a headless rank: choose a node other than the leader")
+    if spec.gpu_xid and not fake_gpu(plan, host):
+        raise DrillError(f"{name} writes a fake GPU event, which the stand-in reads and the {plan.backend} backend "
+                         f"does not (its GPUs' events come from NVML). Fix: drill {name} on a stand-in deployment")
     if spec.rank_hook and rank_fault_file(plan, chosen or 0, node.rank) is None:
         raise DrillError(f"{name} needs a per-rank fault control file, which the stand-in has and the "
                          f"{plan.backend} backend does not. Fix: drill {name} on a stand-in deployment")
     return {"host": host, "cohort": chosen if spec.cohort else None, "node_rank": node.rank,
             "summary": spec.summary, "expect_failure": spec.expect_failure, "min_observe_s": spec.min_observe_s}
+
+
+def fake_gpu(plan: Plan, host: str) -> str | None:
+    """The GPU a drill's fake GPU event names on ``host`` (its first), None where the backend has no fake events."""
+    uuids = plan.engine.fake_gpu_uuids(plan.deployment, host, plan.gpus_per_node)
+    return uuids[0] if uuids else None
 
 
 def rank_fault_file(plan: Plan, cohort: int, node_rank: int) -> str | None:

@@ -23,7 +23,10 @@ from ..control.cohort_state import leader_view, lock_holder, unit_status
 from ..control.coordination import DEAD, RUNNING, Coordination
 from ..control.etcd_client import EtcdError
 from ..control.events import read_events
+from ..control.failover import unfence
+from ..control.gpu_health import append_fake_event, fake_events_path
 from ..control.http import http_get
+from ..control.policy import NODE_FENCED
 from ..control.proc import (
     cgroup_pids,
     command_line,
@@ -34,7 +37,7 @@ from ..control.proc import (
     unit_properties,
 )
 from ..deployment.plan import Plan
-from .faults import DrillError, cut_unit_name, fault, rank_fault_file
+from .faults import FAULTS, DrillError, cut_unit_name, fake_gpu, fault, rank_fault_file
 
 CUT_STATE = "/run/shadowline-drill-cut-{deployment}.json"
 
@@ -172,13 +175,24 @@ def settled(plan: Plan, since: float, before: dict[str, Any], expect_failure: bo
     return None
 
 
+def held_for_fence(records: dict[str, dict[str, Any]] | None) -> str | None:
+    """None once every slot is held for a fenced node (dead, node-fenced), else which are not yet."""
+    if records is None:
+        return "etcd does not answer"
+    waiting = [f"cohort {c} {s['state']}" for c, s in records.items() if (s["state"], s["reason"]) != (DEAD, NODE_FENCED)]
+    return ", ".join(waiting) + " (not yet held for the fenced node)" if waiting else None
+
+
 def wait_settled(plan: Plan, since: float, before: dict[str, Any], expect_failure: bool, min_s: float,
-                 timeout_s: float) -> tuple[bool, float, str]:
+                 timeout_s: float, fences: bool = False) -> tuple[bool, float, str]:
     events_path = plan.events_path
     deadline = time.time() + timeout_s
     seen = "not checked"
     while time.time() < deadline:
-        result = settled(plan, since, before, expect_failure, min_s, events_path)
+        if fences:  # a fault that fences a node is done once every slot is held: nothing serves until the unfence
+            result = held_for_fence(slots(plan)) if time.time() >= since + min_s else "observing"
+        else:
+            result = settled(plan, since, before, expect_failure, min_s, events_path)
         if result is None:
             return True, time.time(), "settled"
         seen = result
@@ -219,13 +233,13 @@ def inject(plan: Plan, host: str, name: str, cohort: int | None, at: float | Non
     fault(name)
     node = plan.node(host)
     result: dict[str, Any] = {"fault": name, "host": host, "cohort": cohort, "pids": []}
-    if name in ("kill-leader", "kill-worker", "kill-standby", "hang-leader"):
+    if name in ("kill-leader", "kill-worker", "kill-standby", "hang-leader", "hang-worker"):
         unit = plan.unit_name("engine", cohort)
         status = unit_status(unit)
         if status["active_state"] != "active" or not status["pid"]:
             raise DrillError(f"{unit} does not run on {host}: nothing to {name}")
         result["unit"] = unit
-        if name == "hang-leader":
+        if name in ("hang-leader", "hang-worker"):
             cgroup = unit_cgroup(unit)
             pids = cgroup_pids(cgroup) if cgroup else []
             result["late_s"] = sleep_until(at)
@@ -243,7 +257,7 @@ def inject(plan: Plan, host: str, name: str, cohort: int | None, at: float | Non
             os.kill(status["pid"], signal.SIGKILL)
             result["pids"] = [status["pid"]]
             result["action"] = f"SIGKILL pid {status['pid']} ({unit} main process)"
-    elif name == "hang-worker":
+    elif name == "stall-generation":
         path = rank_fault_file(plan, cohort or 0, node.rank)
         if path is None:
             raise DrillError(f"the {plan.backend} backend has no per-rank fault control file: nothing to {name}")
@@ -253,6 +267,15 @@ def inject(plan: Plan, host: str, name: str, cohort: int | None, at: float | Non
             handle.write("hang-collective\n")
         result["control_file"] = path
         result["action"] = f"hang-collective through {path}"
+    elif fault(name).gpu_xid:
+        gpu = fake_gpu(plan, host)
+        if gpu is None:
+            raise DrillError(f"the {plan.backend} backend reads no fake GPU events: nothing to {name}")
+        path = fake_events_path(plan.state_dir)
+        result["late_s"] = sleep_until(at)
+        result["injected_at"] = time.time()
+        append_fake_event(path, gpu, fault(name).gpu_xid, f"drill {name}", when=result["injected_at"])
+        result.update(gpu=gpu, xid=fault(name).gpu_xid, action=f"Xid {fault(name).gpu_xid} on {gpu} through {path}")
     elif name in ("kill-gms", "kill-agent"):
         unit = plan.unit_name("gms" if name == "kill-gms" else "agent")
         pid = unit_status(unit)["pid"]
@@ -296,12 +319,17 @@ def restore(plan: Plan, host: str, fault: str, cohort: int | None, pids: list[in
     node = plan.node(host)
     done: list[str] = []
     result: dict[str, Any] = {"changed": False, "done": done}
-    if fault == "hang-worker" and cohort is not None:
+    if fault == "stall-generation" and cohort is not None:
         path = rank_fault_file(plan, cohort, node.rank)
         if path and os.path.exists(path):
             os.unlink(path)
             done.append(f"removed {path}")
-    if fault == "hang-leader":
+    if FAULTS[fault].fences:  # the GPU is "reset": back in service, the driver relaunches the held slots
+        unfenced = unfence(plan, host)
+        result["unfenced"] = unfenced["changed"]
+        if unfenced["changed"]:
+            done.append(f"unfenced {host} (was: {unfenced['fence'].get('detail', '?')})")
+    if fault in ("hang-leader", "hang-worker"):
         for pid in pids or []:
             if stopped(pid):
                 os.kill(pid, signal.SIGCONT)

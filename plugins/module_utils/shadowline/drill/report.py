@@ -141,7 +141,18 @@ class Detection:
     detect_s: float | None
     detect_reason: str | None
     detected_by: str | None
+    culprit: dict[str, Any] | None  # what the declaration names: signal, node, rank (GPU, Xid), evidence
     failed_generations: list[dict[str, Any]]
+
+
+def culprit_of(event: Event | None) -> dict[str, Any] | None:
+    """The culprit a failure declaration names (Declare.evidence): the signal, the node and rank that showed it
+    first, the GPU and Xid of a GPU fault, what was seen. None for a declaration that names none."""
+    detail = event["detail"] if event else {}
+    if "signal" not in detail:
+        return None
+    return {"signal": detail["signal"], "node": detail.get("culprit_node"), "rank": detail.get("culprit_rank"),
+            "gpu": detail.get("gpu"), "xid": detail.get("xid"), "evidence": detail.get("evidence")}
 
 
 def detection(d: Drill, f: Failures) -> Detection:
@@ -150,6 +161,7 @@ def detection(d: Drill, f: Failures) -> Detection:
         detect_s=d.rel(primary["time"]) if primary else None,
         detect_reason=primary["detail"].get("reason") if primary else None,
         detected_by=primary["node"] if primary else None,
+        culprit=culprit_of(primary),
         failed_generations=[{"cohort": c, "generation": g, "reason": e["detail"].get("reason"), "by": e["node"],
                              "at_s": d.rel(e["time"])}
                             for (c, g), e in sorted(f.declared.items(), key=lambda kv: kv[1]["time"])])
@@ -170,8 +182,8 @@ def teardown(d: Drill, f: Failures) -> Teardown:
     if f.primary:
         key = _key(f.primary)
         for e in d.events:
-            if e.get("cohort") is None or _key(e) != key:
-                continue
+            if e.get("cohort") is None or e.get("generation") is None or _key(e) != key:
+                continue  # (gms-republish and lock-replaced name a cohort and no generation)
             if e["event"] == "ranks-gone":
                 per_node.setdefault(e["node"], d.rel(e["time"]))
             elif e["event"] == "generation-gone" and generation_gone is None:
@@ -397,7 +409,9 @@ def check(evidence: Evidence, report: dict[str, Any], spec: Any) -> tuple[list[s
     parked = [c for c, s in report["leaders_after"].items() if s == "standby"]
     if cohorts > 1 and not parked and not report["slots_dead"]:
         problems.append("no shadow is parked at the end")
-    if not report["serving_resumed"]:
+    if spec.fences:
+        problems += fenced_problems(evidence, report)
+    elif not report["serving_resumed"]:
         problems.append("serving did not resume: the last request of the load failed")
     if report["slots_dead"]:
         problems.append("slot(s) marked dead: " + ", ".join(f"cohort {d['cohort']}" for d in report["slots_dead"]))
@@ -469,6 +483,33 @@ def check(evidence: Evidence, report: dict[str, Any], spec: Any) -> tuple[list[s
     return problems, notes
 
 
+def fenced_problems(evidence: Evidence, report: dict[str, Any]) -> list[str]:
+    """A GPU out of service: its node's agent fenced it, every cohort was declared failed and held (nothing can
+    serve without that node), the driver said loudly that serving needs other hardware, and after the drill's
+    unfence (its restore) every slot was relaunched and the deployment served again."""
+    host = evidence["fault"].get("host")
+    events = evidence.get("events") or []
+    t0 = fault_time(evidence)
+    seen = {(e["event"], e.get("node")) for e in events if e["time"] >= t0}
+    problems = []
+    if ("node-fenced", host) not in seen:
+        problems.append(f"{host} was not fenced (no node-fenced event)")
+    if not any(name == "serving-needs-hardware" for name, _node in seen):
+        problems.append("the driver did not say that serving needs other hardware (serving-needs-hardware)")
+    cohorts = int(evidence.get("cohorts") or 1)
+    declared = {g["cohort"] for g in report["failed_generations"]}
+    if len(declared) < cohorts:
+        problems.append(f"only cohort(s) {sorted(declared)} were declared failed; a GPU out of service on {host} "
+                        f"takes all {cohorts}")
+    unfenced = min((e["time"] for e in events if e["event"] == "unfenced" and e["time"] >= t0), default=float("inf"))
+    early = [e for e in events if e["event"] == "promoted" and t0 <= e["time"] < unfenced]
+    if early:
+        problems.append(f"cohort {early[0].get('cohort')} was promoted while {host} was fenced")
+    if not (evidence.get("restored") or {}).get("steady_after_unfence"):
+        problems.append("the deployment did not serve again after the drill unfenced the node")
+    return problems
+
+
 def timeline(evidence: Evidence, report: dict[str, Any], events: list[dict[str, Any]], t0: float
              ) -> list[dict[str, Any]]:
     """The rows of the timeline: {t, node, what, kind}; kind is fault, detect, teardown, promote, relaunch,
@@ -529,6 +570,12 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f} s"
 
 
+def _culprit_text(culprit: dict[str, Any]) -> str:
+    where = f"{culprit['node']} rank {culprit['rank']}" if culprit.get("node") else "?"
+    gpu = f", GPU {culprit['gpu']} Xid {culprit['xid']}" if culprit.get("gpu") else ""
+    return f"{culprit['signal']} on {where}{gpu}: {culprit.get('evidence') or ''}"
+
+
 def summary_lines(report: dict[str, Any]) -> list[str]:
     """The figures, one line each, for people."""
     teardown = ", ".join(f"{h} {t:.3f}" for h, t in sorted(report["teardown_per_node"].items()))
@@ -537,6 +584,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines = [
         f"detect            {_fmt(report['detect_s'])}"
         + (f"  ({report['detect_reason']}, by {report['detected_by']})" if report["detect_reason"] else ""),
+        *([f"culprit           {_culprit_text(report['culprit'])}"] if report.get("culprit") else []),
         f"all ranks gone    {_fmt(report['teardown_s'])}" + (f"  ({teardown})" if teardown else ""),
         f"lock taken        {_fmt(report.get('lock_s'))}",
         f"promotion         {_fmt(report['promote_s'])}"

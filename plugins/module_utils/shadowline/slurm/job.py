@@ -207,7 +207,7 @@ def _container_prefix(options: SlurmOptions) -> list[str] | None:
 def _rank_task(plan: Plan, options: SlurmOptions, cohort: CohortPlan) -> dict[str, Any]:
     failover = plan.failover  # gms_failover: the same timeouts as the node agent's
     watchdog = [plan.python, "-m", WATCHDOG_MODULE, "--health-timeout", f"{failover.health_timeout_s:g}",
-                "--heartbeat-stall", f"{failover.heartbeat_stall_s:g}",
+                "--progress-stall", f"{failover.progress_stall_s:g}",
                 "--term-grace", f"{failover.term_grace_s:g}", "--stop-grace", f"{options.stop_grace_s:g}", "--"]
     prefix = _container_prefix(options)
     branches = []

@@ -197,7 +197,9 @@ class Collective:
         self.on_shutdown = on_shutdown
         self.watchdog = watchdog  # torch's NCCL watchdog, emulated (None: a collective may wait forever)
         self._watchdog_fired = False
-        self.stall_after = max(1.0, 4 * interval)
+        # a step not echoed within this long stalls the collective (and freezes generation, as a blocked step does
+        # on a real engine at once): two step intervals, not less than 0.5 s (a loaded machine's scheduling)
+        self.stall_after = max(0.5, 2 * interval)
         self.steps = 0
         self.last_step_at: float | None = None
         self.stalled = False

@@ -71,8 +71,10 @@ def state_dir() -> str:
     return gms_socket_dir()
 
 
-def heartbeat_path(engine_id: str, rank: int, directory: str | None = None) -> str:
-    return backends_standin.heartbeat_path(engine_id, rank, directory or state_dir())
+def heartbeat_path(engine_id: int | str, rank: int, directory: str | None = None) -> str:
+    """The rank's collective heartbeat file (in the failover lock's directory): the stand-in's own record of its
+    collective steps, for its tests; no agent reads it (no real engine writes one)."""
+    return os.path.join(directory or state_dir(), f"heartbeat-engine-{engine_id}-rank-{rank}")
 
 
 def fault_paths(engine_id: str, rank: int, directory: str | None = None) -> list[str]:
