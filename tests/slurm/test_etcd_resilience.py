@@ -127,3 +127,20 @@ def test_a_declaration_whose_answer_was_cut_short_is_known_as_ours(etcd_server, 
     finally:
         proxy.close()
         Etcd(etcd_server.url).delete_prefix(f"/shadowline/{deployment}/")
+
+
+def test_a_declaration_starts_from_the_view_and_survives_a_stale_one(etcd_server):
+    """The hot path: the agent's view gives the slot and its revision, one compare-and-swap declares; a stale view
+    (the slot changed since) falls back to reading it; a view of a newer generation declares nothing twice."""
+    coord = Coordination(Etcd(etcd_server.url), "declare-known")
+    try:
+        coord.create_slot(Slot(cohort=0, generation=3, state=RUNNING))
+        fresh = coord.slot(0)
+        assert coord.declare_failed(0, 3, "rank-exited", "node2", known=fresh).detected_by == "node2"
+        coord.swap(Slot(cohort=0, generation=4, state=RUNNING), coord.slot(0)[1])
+        stale = (Slot(cohort=0, generation=4, state=RUNNING), fresh[1])  # the revision of an older record
+        declared = coord.declare_failed(0, 4, "leader-hung", "node0", known=stale)
+        assert declared is not None and coord.slot(0)[0].reason == "leader-hung"
+        assert coord.declare_failed(0, 4, "rank-exited", "node1", known=coord.slot(0)) is None  # once only
+    finally:
+        Etcd(etcd_server.url).delete_prefix("/shadowline/declare-known/")

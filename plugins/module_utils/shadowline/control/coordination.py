@@ -170,23 +170,34 @@ class Coordination:
         """Write ``slot`` only if nobody changed the key since ``mod_revision``."""
         return self.etcd.txn_compare_and_swap(self.keys.slot(slot.cohort), mod_revision, slot.to_json())
 
-    def declare_failed(self, cohort: int, generation: int, reason: str, host: str) -> Slot | None:
-        """Mark generation failed, once: returns the new record when this call did it, else None."""
-        current, revision = self.slot(cohort)
-        if current is None or current.generation != generation or current.state not in (RUNNING, LAUNCHING):
-            return None
-        failed = Slot(cohort=cohort, generation=generation, state=FAILED, reason=reason, attempts=current.attempts,
-                      detected_by=host)
-        try:
-            if self.swap(failed, revision):
+    def declare_failed(self, cohort: int, generation: int, reason: str, host: str,
+                       known: tuple[Slot, int] | None = None) -> Slot | None:
+        """Mark generation failed, once: returns the new record when this call did it, else None. ``known``: the
+        slot and its revision as the caller last saw them (its view): one compare-and-swap on them first, saving
+        a read on the hot path; when they are stale the slot is read and the swap tried again."""
+        for attempt in ((known,) if known is not None else ()) + (None,):
+            current, revision = attempt if attempt is not None else self.slot(cohort)
+            if current is None or current.generation != generation or current.state not in (RUNNING, LAUNCHING):
+                if attempt is not None:
+                    continue
+                return None
+            failed = Slot(cohort=cohort, generation=generation, state=FAILED, reason=reason,
+                          attempts=current.attempts, detected_by=host)
+            if self._swap_once(failed, revision):
                 return failed
+        return None
+
+    def _swap_once(self, slot: Slot, revision: int) -> bool:
+        """The swap, and whether this call wrote it: the answer to a swap that did land can be lost (cut short,
+        then retried on another member, whose compare fails), so a failed or unanswered swap asks the record."""
+        try:
+            if self.swap(slot, revision):
+                return True
         except EtcdError:
-            if not self.landed(failed):
+            if not self.landed(slot):
                 raise
-            return failed
-        # the answer to a swap that did land can be lost (cut short, then retried on another member, whose
-        # compare fails): the record as it stands says whether this call wrote it
-        return failed if self.landed(failed) else None
+            return True
+        return self.landed(slot)
 
     def landed(self, slot: Slot) -> bool:
         """Whether the slot's record is exactly ``slot`` (this caller's write, to the byte); EtcdError when etcd

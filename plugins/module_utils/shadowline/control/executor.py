@@ -67,7 +67,7 @@ from .events import EventLog
 from .lock import try_acquire
 from .memory import Canary, DriverMemory, LocalRank, NodeMemory, Start, Teardown
 from .proc import alive, kill_cgroup, systemctl, wait_cgroup_empty
-from .view import Now
+from .view import DeploymentView, Now
 
 KILL_WAIT_S = 0.1  # after SIGKILL, how long a teardown waits for the cgroup to empty before the loop goes on
 KILL_AGAIN_S = 0.2  # a cgroup not empty after SIGKILL: killed again this often (forks, a wait that ends)
@@ -105,6 +105,7 @@ class Executor:
         self.wake_fd = wake_fd
         self.probes: queue.Queue[ProbeResult] = queue.Queue()
         self.confirms: list[Confirm] = []  # written to etcd after the tick's kills and declarations
+        self.view: DeploymentView | None = None  # the agent's latest view: a declaration's compare-and-swap starts there
 
     def __call__(self, actions: list[Action]) -> None:
         for action in actions:
@@ -185,7 +186,9 @@ class Executor:
                                   detail="etcd does not answer; declared from the first view after it returns")
             return
         try:
-            slot = self.coord.declare_failed(action.cohort, action.generation, action.reason, self.host)
+            entry = self.view.slots.get(action.cohort) if self.view is not None else None
+            known = (entry.slot, entry.revision) if entry is not None else None
+            slot = self.coord.declare_failed(action.cohort, action.generation, action.reason, self.host, known)
         except EtcdError as err:
             if key not in self.node.declare_errors:
                 self.node.declare_errors.add(key)

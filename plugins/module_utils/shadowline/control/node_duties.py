@@ -238,7 +238,7 @@ def judge_rank(rank: LocalRank, sample: ProgressSample | None | bool, health: He
             actions.append(WakeAt(hang.health_deadline(healthy_at or 0.0)))
         return actions
     if reason == GENERATION_STALLED and verdict is not None:
-        evidence = rank.culprit("progress", progress.describe(verdict, hang))
+        evidence = {**rank.culprit("progress", progress.describe(verdict, hang)), "still_s": round(verdict.still_s, 3)}
     else:
         evidence = rank.culprit("health", f"/health gave no 200 for {health_silent or 0.0:.1f} s "
                                           f"(health_timeout_s {hang.health_timeout_s:g})")

@@ -28,13 +28,13 @@ __all__ = ["Request", "completion_body", "read_results", "run_load", "send", "su
 
 def run_load(url: str, model: str, rate: float = 20.0, duration_s: float = 30.0, max_requests: int = 600,  # noqa: PLR0913 (over the size limits of pyproject.toml; split it when it changes next)
              timeout_s: float = 5.0, max_in_flight: int = 256, stop: threading.Event | None = None,
-             on_result: Callable[[Request], None] | None = None) -> list[Request]:
+             on_result: Callable[[Request], None] | None = None, max_tokens: int = 4) -> list[Request]:
     """Send ``rate`` requests per second for at most ``duration_s`` seconds and ``max_requests`` requests (or
     until ``stop`` is set), then wait for the ones in flight. Returns every request, in order of sending."""
     if rate <= 0 or duration_s <= 0 or max_requests <= 0:
         raise ValueError("rate, duration_s and max_requests must be positive")
     stop = stop or threading.Event()
-    body = completion_body(model)
+    body = completion_body(model, max_tokens)
     results: list[Request] = []
     lock = threading.Lock()
     slots = threading.BoundedSemaphore(max_in_flight)

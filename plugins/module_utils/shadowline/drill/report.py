@@ -152,7 +152,8 @@ def culprit_of(event: Event | None) -> dict[str, Any] | None:
     if "signal" not in detail:
         return None
     return {"signal": detail["signal"], "node": detail.get("culprit_node"), "rank": detail.get("culprit_rank"),
-            "gpu": detail.get("gpu"), "xid": detail.get("xid"), "evidence": detail.get("evidence")}
+            "gpu": detail.get("gpu"), "xid": detail.get("xid"), "evidence": detail.get("evidence"),
+            "still_s": detail.get("still_s")}
 
 
 def detection(d: Drill, f: Failures) -> Detection:
