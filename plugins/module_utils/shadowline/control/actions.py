@@ -299,6 +299,13 @@ class EndCanary:
 
 
 @dataclass(frozen=True)
+class RefreshLeases:
+    """etcd is back after an outage: renew every discovery lease once (Dynamo 1.6.1's engines renew theirs only
+    every third of their TTL after they reconnect, so a second outage soon after ends them)."""
+    outage_s: float
+
+
+@dataclass(frozen=True)
 class NoteFences:
     """The fenced nodes the driver has said need hardware (each said once, again after an unfence)."""
     nodes: frozenset[str]
@@ -314,4 +321,4 @@ Action = Union[Record, WakeAt, Declare, TearDown, FinishTeardown, KillRest, Conf
                ObserveTeardown, NoteLaunched, SetHolder, SetServing, CreateSlot, BeginPromotion, ExtendPromotion, TakeBridge, ReleaseBridge,
                NoteLockReplaced, PromotionActive, PromotionRegistered,
                ProbePromotion, EndPromotion, RecordActive, AgentsSeen, AgentLost, AgentBack, ProbeServing, SendCanary, EndCanary,
-               NoteFences, ClearGmsLost]
+               RefreshLeases, NoteFences, ClearGmsLost]

@@ -40,6 +40,7 @@ from .actions import (
     PromotionRegistered,
     Record,
     RecordActive,
+    RefreshLeases,
     ReleaseBridge,
     RevokeRegistration,
     SendCanary,
@@ -492,8 +493,10 @@ class DriverDuties:
 
     def etcd_back(self, outage_s: float) -> None:
         """etcd answers again after ``outage_s``: a promotion's deadlines do not count the outage (a waking shadow
-        registers in discovery, which is etcd)."""
-        self.execute([ExtendPromotion(outage_s)] if self.memory.promotion is not None else [])
+        registers in discovery, which is etcd), and a canary sent before or during it is no verdict (the frontend
+        and the engine wait on etcd too); the engines' discovery leases are renewed once (RefreshLeases)."""
+        self.execute(([ExtendPromotion(outage_s)] if self.memory.promotion is not None else [])
+                     + ([EndCanary()] if self.memory.canary is not None else []) + [RefreshLeases(outage_s)])
 
     def drive(self, view: DeploymentView, now: Now) -> None:
         self.execute(first_view(view, self.plan.cohort_ids, self.memory, self.node))

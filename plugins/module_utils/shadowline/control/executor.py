@@ -46,6 +46,7 @@ from .actions import (
     PromotionRegistered,
     Record,
     RecordActive,
+    RefreshLeases,
     ReleaseBridge,
     ReportGmsLost,
     ReportInvalid,
@@ -61,7 +62,7 @@ from .actions import (
 )
 from .agent_metrics import AgentMetrics
 from .coordination import Coordination
-from .discovery import revoke_leases, worker_registrations
+from .discovery import registrations, revoke_leases, worker_registrations
 from .etcd_client import Etcd, EtcdError
 from .events import EventLog
 from .lock import try_acquire
@@ -393,6 +394,8 @@ class Executor:
             driver.canary = None
         elif isinstance(action, NoteFences):
             driver.fences_reported = set(action.nodes)
+        elif isinstance(action, RefreshLeases):
+            self.refresh_leases(action.outage_s)
         elif isinstance(action, ClearGmsLost):
             for key in action.keys:
                 try:
@@ -401,6 +404,17 @@ class Executor:
                     pass  # seen again next pass: the republish decision is idempotent
         else:
             raise TypeError(f"no executor for {action!r}")
+
+    def refresh_leases(self, outage_s: float) -> None:
+        """Renew every discovery lease once; a lease that is gone, or etcd away again, is left to its owner."""
+        renewed = []
+        try:
+            for registration in registrations(self.etcd):
+                if self.etcd.lease_keepalive(registration.lease) > 0:
+                    renewed.append(f"{registration.lease:x}")
+        except EtcdError as err:
+            self.events.write("leases-refresh-error", error=str(err))
+        self.events.write("leases-refreshed", outage_s=round(outage_s, 3), leases=renewed)
 
     def send_canary(self, action: SendCanary, driver: DriverMemory) -> None:
         driver.next_canary = action.next_at

@@ -5,7 +5,7 @@ calls them and hands their actions to the executor, in the order a tick needs th
 Duties: a rank that exits (pidfd) is torn down on this node at once (local first: before etcd hears of it) and
 its generation declared failed; a slot declared failed tears this node's rank down (at once, from the watch event:
 the hot path); a hung leader (/health) or a stalled generation (vLLM's progress metrics on the leader) fails its
-generation, and a leader node cut off from etcd whose generation stalled fences itself; the ranks follow the slot records (launch a new
+generation; the ranks follow the slot records (launch a new
 generation, retire a leftover, abandon a start that was superseded, confirm a teardown only once the rank's
 cgroup is empty). Generations are fencing tokens: a rank is only started into a generation whose slot is
 launching; a running generation with this node's rank missing (it died while nobody watched) is declared failed
@@ -215,14 +215,15 @@ def judge_rank(rank: LocalRank, sample: ProgressSample | None | bool, health: He
     ``sample``: this read of the leader's /metrics (None: it has no progress metrics; False: not read now, or
     no answer). A rank is judged on /health only once it answered 200 since the agent tracks it: weight loading
     takes as long as it takes. Headless ranks show nothing but their exit (vLLM's /health stays 200 when one
-    hangs: vllm#16259). Fencing: a leader node cut off from etcd for longer than the agent lease whose
-    generation stalled tears its rank down itself (the others have declared it failed); an etcd outage alone,
-    with generation progressing, never costs a serving cohort."""
+    hangs: vllm#16259). An etcd outage never costs a serving cohort: the stall clock does not run while etcd is
+    away (the engines wait on it too), and nothing is torn down before the generation is declared in etcd."""
     actions: list[Action] = []
     verdict = None
     if sample is not False:
-        if sample is not None:
-            verdict = progress.judge(rank.progress, sample, now.mono, hang)
+        if sample is not None:  # while etcd is away the clock starts afresh at each sample: Dynamo's engines wait
+            # on etcd and NATS too, so a counter still meanwhile is no hang; judged from when etcd answers again
+            previous = rank.progress if etcd_lost_since is None else None
+            verdict = progress.judge(previous, sample, now.mono, hang)
         actions.append(NoteProgress(rank.cohort, verdict.observation if verdict else None, now.mono))
     healthy_at = rank.healthy_at
     if health is not None and health.ok:
@@ -243,10 +244,6 @@ def judge_rank(rank: LocalRank, sample: ProgressSample | None | bool, health: He
         evidence = rank.culprit("health", f"/health gave no 200 for {health_silent or 0.0:.1f} s "
                                           f"(health_timeout_s {hang.health_timeout_s:g})")
     actions.append(Declare(rank.cohort, rank.generation, reason, evidence))
-    isolated_s = now.mono - etcd_lost_since if etcd_lost_since is not None else None
-    if reason == GENERATION_STALLED and isolated_s is not None and isolated_s > failover.agent_lease_ttl_s:
-        actions += [Record("fenced", rank.cohort, rank.generation, {"isolated_s": round(isolated_s, 3)}),
-                    TearDown(rank, now.wall, float(failover.term_grace_s))]
     return actions
 
 
