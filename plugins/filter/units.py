@@ -1,13 +1,15 @@
 # -*- coding: utf-8 -*-
 # Copyright: shadowline contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters that turn the cohort plan (the gms_plan fact) into systemd unit names and texts."""
+"""Filters that turn the cohort plan (the gms_plan fact) into systemd unit names and texts, and a node's agent
+endpoint (its URL and the client TLS files)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.access import agent_url
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import firewall, units
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
 
@@ -41,6 +43,16 @@ def unit_text(plan: dict[str, Any], kind: str, host: str | None = None, cohort: 
         raise AnsibleFilterError(f"shadowline.gms.unit_text: no {kind} unit for host {host}: {err}") from err
 
 
+def agent_endpoint(plan: dict[str, Any], host: str) -> dict[str, Any]:
+    """``host``'s agent endpoint: its base URL and the client TLS files of that host ({} when plain)."""
+    typed = Plan.from_dict(plan)
+    if host not in typed.hosts:
+        raise AnsibleFilterError(f"shadowline.gms.agent_endpoint: {host} is not a node of {typed.deployment}")
+    security = typed.security if typed.secure else None
+    tls = {"ca": security.ca, "cert": security.client_cert, "key": security.client_key} if security else {}
+    return {"url": agent_url(typed, host), "tls": tls}
+
+
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {"unit_name": unit_name, "unit_text": unit_text}
+        return {"unit_name": unit_name, "unit_text": unit_text, "agent_endpoint": agent_endpoint}

@@ -21,6 +21,12 @@ options:
   url:
     description: URL to GET.
     type: str
+  tls:
+    description:
+      - For an https I(url) - C(ca) (the CA file to trust) and, where the server asks for one, C(cert) and C(key)
+        (this client's certificate). Empty - the system's CAs, no client certificate.
+    type: dict
+    default: {}
   status_code:
     description: The HTTP status that means ready.
     type: int
@@ -52,6 +58,13 @@ options:
     description: Time between checks.
     type: float
     default: 0.1
+  progress_s:
+    description:
+      - With I(progress_s), one call waits at most that long and returns (C(ready) false, unchanged, not failed)
+        what it saw, so that a loop prints a progress line per slice; the caller counts the slices toward
+        I(timeout_s) (the engine role does) and fails on the last. 0 - wait the whole I(timeout_s) and fail on it.
+    type: float
+    default: 0
 attributes:
   platform:
     platforms: posix
@@ -79,6 +92,10 @@ waited_s:
   description: Seconds waited.
   returned: always
   type: float
+ready:
+  description: Whether the condition held (always true unless I(progress_s) was given).
+  returned: always
+  type: bool
 msg:
   description: What was waited for, on which node, and for how long (C(<what> on <node> - ready after 3.2 s)).
   returned: always
@@ -88,6 +105,7 @@ msg:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.access import client_context
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.waits import (
     files_check,
     holder_check,
@@ -100,6 +118,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "url": {"type": "str"},
+            "tls": {"type": "dict", "default": {}},
             "status_code": {"type": "int", "default": 200},
             "path_glob": {"type": "str"},
             "count": {"type": "int", "default": 1},
@@ -109,6 +128,7 @@ def main() -> None:
             "unit": {"type": "str"},
             "timeout_s": {"type": "float", "default": 120},
             "interval_s": {"type": "float", "default": 0.1},
+            "progress_s": {"type": "float", "default": 0},
         },
         required_one_of=[("url", "path_glob", "lock_path")],
         mutually_exclusive=[("url", "path_glob", "lock_path")],
@@ -116,7 +136,9 @@ def main() -> None:
     )
     p = module.params
     if p["url"]:
-        check = http_check(p["url"], p["status_code"])
+        tls = p["tls"] or {}
+        context = client_context(tls["ca"], tls["cert"], tls["key"]) if tls.get("cert") else None
+        check = http_check(p["url"], p["status_code"], context=context)
     elif p["path_glob"]:
         check = files_check(p["path_glob"], p["count"])
     else:
@@ -125,13 +147,17 @@ def main() -> None:
                          f"{p['count']} file(s) matching {p['path_glob']}" if p["path_glob"] else
                          f"{p['holder'] or 'a live holder'} holding {p['lock_path']}")
     node = os.uname().nodename
-    ready, waited, seen = poll(check, p["timeout_s"], p["interval_s"])
+    slice_s = p["progress_s"] if p["progress_s"] > 0 else p["timeout_s"]
+    ready, waited, seen = poll(check, slice_s, p["interval_s"])
+    if not ready and p["progress_s"] > 0:
+        module.exit_json(changed=False, ready=False, waited_s=round(waited, 3), msg=f"{what} on {node}: {seen}")
     if not ready:
         msg = f"{what} on {node}: not ready after {waited:.1f} s; last seen: {seen}"
         if p["unit"]:
             msg += f"; unit {p['unit']} on {node}: {unit_summary(module, p['unit'])}"
         module.fail_json(msg=msg, waited_s=round(waited, 3))
-    module.exit_json(changed=False, waited_s=round(waited, 3), msg=f"{what} on {node} - ready after {waited:.1f} s")
+    module.exit_json(changed=False, ready=True, waited_s=round(waited, 3),
+                     msg=f"{what} on {node} - ready after {waited:.1f} s")
 
 
 def unit_summary(module: AnsibleModule, unit: str) -> str:

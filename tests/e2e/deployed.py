@@ -13,11 +13,13 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from shadowline.control.access import controller_etcd
+from shadowline.control.access import agent_url, client_context, controller_etcd
 from shadowline.control.etcd_client import Etcd
 from shadowline.control.failover_metrics import engine_failover_view
+from shadowline.control.http import http_get
 from shadowline.deployment.plan import Plan
 from shadowline.drill.load import Request, run_load
 
@@ -64,6 +66,18 @@ class Deployed:
     def plan(self) -> Plan:
         """The plan the deployment runs (plan.json on the leader node)."""
         return Plan.from_dict(json.loads(self.on(LEADER, "cat", f"/etc/shadowline/{DEPLOYMENT}/plan.json")))
+
+    def agent_health(self, host: str) -> int | None:
+        """The status of ``host``'s agent /health (None: no answer), over TLS as the controller (its client
+        certificate of the deployment's CA) unless the plan is insecure."""
+        plan = self.plan()
+        context = None
+        if plan.secure and plan.security is not None:
+            pki = Path(plan.security.controller_path) / "pki"
+            context = client_context(str(pki / "ca.crt"), str(pki / "controller" / "client.crt"),
+                                     str(pki / "controller" / "client.key"))
+        answer = http_get(f"{agent_url(plan, host)}/health", 5, context)
+        return answer[0] if answer else None
 
     def etcd(self, user: str = "agent") -> Etcd:
         """The deployment's etcd as one of its identities (the controller's copy of the password)."""

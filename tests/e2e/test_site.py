@@ -31,7 +31,11 @@ from typing import Any, Iterator
 
 import pytest
 
+from shadowline.control import discovery
+from shadowline.control.access import agent_url, client_context, controller_etcd
+from shadowline.control.http import http_get
 from shadowline.deployment.pki import ensure_pki
+from shadowline.deployment.plan import Plan
 
 from .site_helpers import (
     PlaybookRun,
@@ -267,6 +271,46 @@ def test_control_plane_refuses_clients_without_credentials(site: Site, request: 
     assert "PONG" in own, f"NATS refused the deployment's own certificate: {own!r}"
     say(request, f"control plane: etcd refused a forged slot (no credentials; engines' identity), NATS refused "
                  f"plain text ({plain.strip()[:40] or 'closed'!r}) and a client without a certificate ({anonymous[:60]!r})")
+
+
+def _handshake(address: str, port: int, ca: Path, cert: tuple[Path, Path] | None) -> str:
+    """A TLS handshake with ``address:port`` trusting the deployment's CA, with or without a client certificate:
+    "ok" or why it failed."""
+    context = ssl.create_default_context(cafile=str(ca))
+    context.check_hostname = False
+    if cert is not None:
+        context.load_cert_chain(str(cert[0]), str(cert[1]))
+    try:
+        with socket.create_connection((address, port), timeout=5) as sock, \
+                context.wrap_socket(sock, server_hostname=address) as tls:
+            tls.sendall(b"\0")  # a server that wants a certificate refuses after the handshake, on first use
+            tls.settimeout(1)
+            with contextlib.suppress(TimeoutError, socket.timeout):
+                tls.recv(1)
+            return "ok"
+    except (ssl.SSLError, OSError) as err:
+        return f"refused: {err}"
+
+
+def test_request_plane_and_agent_endpoint_speak_mutual_tls(site: Site, request: pytest.FixtureRequest) -> None:
+    """Dynamo's TCP request plane (the worker's address in its discovery record) and the agents' endpoint take a
+    client of the deployment's CA over TLS; a client without a certificate is refused in the handshake."""
+    site.need("converged")
+    plan = Plan.from_dict(site.plan())
+    pki = Path(plan.security.controller_path) / "pki"
+    ca, mine = pki / "ca.crt", (pki / "controller" / "client.crt", pki / "controller" / "client.key")
+    records = [r for r in discovery.registrations(controller_etcd(plan)) if r.request_address]
+    assert records, "no worker registered a request plane address"
+    host, port = records[0].request_address.rsplit(":", 1)
+    assert _handshake(host, int(port), ca, mine) == "ok"
+    anonymous = _handshake(host, int(port), ca, None)
+    assert anonymous.startswith("refused"), f"the request plane served a client without a certificate: {anonymous}"
+    context = client_context(str(ca), str(mine[0]), str(mine[1]))
+    agent = agent_url(plan, "node1")
+    assert http_get(f"{agent}/health", 5, context) == (200, "ok\n")
+    assert agent.startswith("https://") and http_get(agent.replace("https://", "http://") + "/health", 3) is None
+    say(request, f"mutual TLS: request plane {host}:{port} refused a client without a certificate "
+                 f"({anonymous[:60]}); agent endpoint {agent} over HTTPS")
 
 
 def test_no_secret_in_output_units_logs_or_plan(site: Site) -> None:

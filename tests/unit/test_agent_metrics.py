@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +28,7 @@ from shadowline.control.agent_metrics import (
     AgentMetrics,
 )
 from shadowline.control.coordination import Slot
+from shadowline.control.http import http_get
 from shadowline.control.view import Active, DeploymentView, SlotEntry
 from shadowline.model.spec import status_path_for
 from shadowline.model.status import DOWNLOADING, READY, ModelStatus, write_status
@@ -228,3 +230,36 @@ def test_the_rules_and_the_dashboard_use_only_what_the_agent_exports_and_with_it
     assert used <= exported_names(), used - exported_names()
     label_uses = set(re.findall(r"shadowline_agent_slot_state\{[^}]*\}", RULES.read_text()))
     assert all("state=" in use for use in label_uses)
+
+
+def test_with_tls_only_a_client_of_the_deployments_ca_is_served(tmp_path, monkeypatch):
+    """Secure by default: the endpoint wants a client certificate of the deployment's CA; a plain-text client, a
+    client without a certificate and one of another deployment's CA get nothing; the handshake runs in the
+    request's thread, so a client that never sends one does not stop a scrape."""
+    from shadowline.control.access import client_context
+    from shadowline.deployment.pki import ensure_pki
+
+    monkeypatch.setattr(metrics_server, "IDLE_TIMEOUT_S", 0.5)
+    mine, other = tmp_path / "pki", tmp_path / "other"
+    ensure_pki(str(mine), "demo", [("node0", "127.0.0.1")], [])
+    ensure_pki(str(other), "another", [("node0", "127.0.0.1")], [])
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(mine / "ca.crt"))
+    context.load_cert_chain(str(mine / "hosts/node0/server.crt"), str(mine / "hosts/node0/server.key"))
+    context.verify_mode = ssl.CERT_REQUIRED
+    server = metrics_server.serve("127.0.0.1", 0, lambda: (b"m 1\n", CONTENT_TYPE), lambda: True, context)
+    port = server.server_address[1]
+    silent = socket.create_connection(("127.0.0.1", port), timeout=5)  # connects, never shakes hands
+    try:
+        ours = client_context(str(mine / "ca.crt"), str(mine / "controller/client.crt"),
+                              str(mine / "controller/client.key"))
+        assert http_get(f"https://127.0.0.1:{port}/metrics", 5, ours) == (200, "m 1\n")
+        assert http_get(f"http://127.0.0.1:{port}/metrics", 2) is None  # plain text
+        anonymous = ssl.create_default_context(cafile=str(mine / "ca.crt"))
+        assert http_get(f"https://127.0.0.1:{port}/health", 2, anonymous) is None
+        theirs = client_context(str(mine / "ca.crt"), str(other / "controller/client.crt"),
+                                str(other / "controller/client.key"))
+        assert http_get(f"https://127.0.0.1:{port}/health", 2, theirs) is None
+    finally:
+        silent.close()
+        server.shutdown()
+        server.server_close()

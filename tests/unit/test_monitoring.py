@@ -12,6 +12,7 @@ from pathlib import Path
 from shadowline.deployment import monitoring
 from shadowline.deployment.contract import parse_contract
 from shadowline.deployment.plan import Plan, build_plan
+from shadowline.deployment.secrets import ensure_secrets, host_files
 
 from .helpers import hostvars
 
@@ -115,20 +116,26 @@ def test_prometheus_unit_is_the_deployments_own_and_hardened():
 
 
 def installed_config(plan: Plan, tmp_path: Path) -> Path:
-    """The rendered configuration, targets and rules under tmp_path instead of /etc/prometheus/shadowline-*."""
+    """The rendered configuration, targets and rules under tmp_path instead of /etc/prometheus/shadowline-*, and the
+    Prometheus host's CA and client certificate (the agents' TLS) under tmp_path/secrets instead of its config dir."""
     here = monitoring.monitoring_dir(plan)
     view = monitoring.role_view(plan)
     files = {f["path"]: f["content"] for f in view["targets_files"] + view["server_files"]}
     files[f"{view['rules_dir']}/shadowline-alerts.yml"] = RULES.read_text()
+    secrets = tmp_path / "secrets"
     for path, text in files.items():
         target = tmp_path / Path(path).relative_to(here)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text.replace(here, str(tmp_path)))
+        target.write_text(text.replace(here, str(tmp_path)).replace(plan.security.dir, str(secrets)))
+    ensure_secrets(plan)
+    secrets.mkdir()
+    for item in host_files(plan, plan.monitoring.host):
+        shutil.copy(item["src"], secrets / Path(item["dest"]).name)
     return tmp_path
 
 
 def test_rendered_configuration_passes_promtool_and_the_blackbox_exporter(tmp_path: Path):
-    config = installed_config(plan_of(3, gms_cohorts=3), tmp_path)
+    config = installed_config(plan_of(3, gms_cohorts=3, gms_secrets_dir=str(tmp_path / "controller")), tmp_path)
     out = run(tool("promtool"), "check", "config", config / "prometheus.yml")
     assert "SUCCESS: 1 rule files found" in out
     run(tool("prometheus-blackbox-exporter"), "--config.file", config / "blackbox.yml", "--config.check")

@@ -84,13 +84,14 @@ def test_secrets_are_private_and_never_in_the_plan_or_a_unit(tmp_path: Path):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
     secrets = [p.read_text().strip() for p in root.rglob("*.password")]
     secrets += [p.read_text() for p in root.rglob("*.key")]
-    assert len(secrets) == 3 + 1 + 3 + 1 + 1  # passwords; CA key; 3 client keys; controller; node0's server key
+    assert len(secrets) == 3 + 1 + 3 + 1 + 3  # passwords; CA key; 3 client keys; controller; 3 server keys
     rendered = str(plan.to_dict()) + "".join(all_units(plan).values())
     assert not [s for s in secrets if s.strip() in rendered]
     files = {f["dest"].rsplit("/", 1)[1]: f for f in host_files(plan, "node0")}
     assert files["client.key"]["owner"] == plan.service_user and files["client.key"]["mode"] == "0600"
     assert files["etcd-root.password"]["owner"] == "root" and "server.key" in files  # node0 is the infra host
-    assert "etcd-root.password" not in {f["dest"].rsplit("/", 1)[1] for f in host_files(plan, "node1")}
+    node1 = {f["dest"].rsplit("/", 1)[1] for f in host_files(plan, "node1")}
+    assert "etcd-root.password" not in node1 and "server.key" in node1  # every node: the agent's endpoint
 
 
 def test_a_host_certificate_follows_its_address(tmp_path: Path):
@@ -102,7 +103,7 @@ def test_a_host_certificate_follows_its_address(tmp_path: Path):
     hv["node1"]["ansible_host"] = "198.18.0.99"
     contract, _unused = parse_contract(hv, hosts)
     again = ensure_secrets(build_plan(contract))
-    assert sorted(os.path.basename(os.path.dirname(p)) for p in again) == ["node1", "node1"]
+    assert sorted(os.path.basename(os.path.dirname(p)) for p in again) == ["node1"] * 4  # client and server
 
 
 EXPOSURE_LIMITS = {"etcd": 3.0, "nats": 3.0, "frontend": 3.0, "gms": 3.0, "engine": 4.0, "agent": 5.0}
@@ -195,3 +196,42 @@ def test_each_dynamo_client_gets_one_member_of_each_cluster():
     contract, _unused = parse_contract(hv_insecure, hosts, infra)
     assert contract is not None
     assert build_plan(contract).cohort(1).ranks[0].process.env["NATS_SERVER"] == "nats://198.18.0.51:4222"
+
+
+def test_frontend_allow_keeps_the_frontend_to_its_sources(tmp_path: Path):
+    """gms_frontend_allow: on the frontend's host its port is for those sources and the deployment's own hosts;
+    empty (the default), anyone; a bad entry is refused naming the field."""
+    from shadowline.deployment import firewall
+
+    assert "8000" not in firewall.firewall_rules(plan_of(), "node0")
+    plan = plan_of(gms_frontend_allow=["10.20.0.0/16", "2001:db8::/32"])
+    rules = firewall.firewall_rules(plan, "node0")
+    assert "tcp dport 8000 ip saddr { 127.0.0.0/8, 198.18.0.10, 198.18.0.11, 10.20.0.0/16 } accept" in rules
+    assert "tcp dport 8000 ip6 saddr { ::1, 2001:db8::/32 } accept" in rules and "tcp dport 8000 drop" in rules
+    assert "8000" not in firewall.firewall_rules(plan, "node1")  # not the frontend's host
+    hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16}, gms_frontend_allow=["anywhere"])
+    _unused, problems = parse_contract(hv, hosts)
+    assert [p.field for p in problems] == ["gms_frontend_allow"] and "CIDR" in str(problems[0])
+    if shutil.which("nft") and os.geteuid() == 0:
+        path = tmp_path / "firewall.nft"
+        path.write_text(rules)
+        proc = subprocess.run(["nft", "-c", "-f", str(path)], capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_etcd_peers_talk_tls_unless_insecure():
+    """Peer TLS with client certificates of the deployment's CA (three members); clients stay plain HTTP with
+    authentication (Dynamo 1.6.1's etcd client has no TLS)."""
+    hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16})
+    for i in range(3):
+        hv[f"infra{i}"] = {"ansible_host": f"198.18.0.{50 + i}"}
+    contract, _unused = parse_contract(hv, hosts, ["infra0", "infra1", "infra2"])
+    plan = build_plan(contract)
+    argv = plan.infra.etcd[1].argv
+    assert argv[argv.index("--listen-peer-urls") + 1] == "https://198.18.0.51:2380"
+    assert "infra0=https://198.18.0.50:2380" in argv[argv.index("--initial-cluster") + 1]
+    assert argv[argv.index("--peer-trusted-ca-file") + 1] == plan.security.ca and "--peer-client-cert-auth" in argv
+    assert argv[argv.index("--listen-client-urls") + 1].startswith("http://")
+    insecure = build_plan(parse_contract({h: {**v, "gms_insecure": True} if h in hosts else v for h, v in hv.items()},
+                                         hosts, ["infra0", "infra1", "infra2"])[0])
+    assert "--peer-client-cert-auth" not in insecure.infra.etcd[1].argv

@@ -1,5 +1,7 @@
-"""One home for "an etcd client of this deployment": every caller (the agent, the modules, drills, the Slurm side,
-the watchdog) gets its connection from here, with the deployment's credentials when it has them.
+"""One home for "a client of this deployment": every caller (the agent, the modules, drills, the Slurm side, the
+watchdog) gets its etcd connection from here, with the deployment's credentials when it has them; and the TLS
+settings of the agents' own endpoint (``/metrics``, ``/health``: TLS with client certificates of the deployment's
+CA unless insecure), for the agent, its clients and Prometheus.
 
 etcd runs with role-based access unless the plan is insecure (gms_insecure: true). Identities
 (``ensure_etcd_auth`` creates them, idempotently):
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import urllib.error
 import urllib.request
 from typing import Any
@@ -138,3 +141,30 @@ def ensure_etcd_auth(endpoint: str, deployment: str, passwords: dict[str, str], 
         _post(endpoint, "/v3/auth/enable", {}, None, timeout)
         changed.append("authentication enabled")
     return changed
+
+
+# -- the agents' endpoint ------------------------------------------------------------------------------------ #
+
+def agent_url(plan: Plan, host: str) -> str:
+    """The base URL of ``host``'s agent endpoint: https unless the plan is insecure."""
+    scheme = "https" if plan.secure else "http"
+    return f"{scheme}://{plan.node(host).address}:{plan.ports.agent_metrics}"
+
+
+def agent_server_context(plan: Plan) -> ssl.SSLContext | None:
+    """The agent endpoint's TLS: the node's server certificate, a client certificate of the deployment's CA
+    required of every client (Prometheus, the agent role's wait, tests); None when insecure (plain HTTP)."""
+    if not plan.secure or plan.security is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=plan.security.ca)
+    context.load_cert_chain(plan.security.server_cert, plan.security.server_key)
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def client_context(ca: str, cert: str, key: str) -> ssl.SSLContext:
+    """A client of the deployment's TLS endpoints: trusts its CA, presents ``cert``; the host name is checked
+    against the certificate's addresses."""
+    context = ssl.create_default_context(cafile=ca)
+    context.load_cert_chain(cert, key)
+    return context

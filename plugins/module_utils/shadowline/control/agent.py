@@ -33,7 +33,7 @@ from typing import Any
 from .. import console
 from ..deployment.plan import Plan
 from . import observe
-from .access import etcd_for
+from .access import agent_server_context, etcd_for
 from .agent_metrics import CONTENT_TYPE, AgentMetrics, MetricsUnavailable
 from .coordination import Coordination
 from .driver_duties import DriverDuties
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     serve(plan.node(args.host).address, int(plan.ports.agent_metrics),
-          lambda: (agent.metrics.render(), CONTENT_TYPE), agent.healthy)
+          lambda: (agent.metrics.render(), CONTENT_TYPE), agent.healthy, agent_server_context(plan))
     agent.run()
     return 0
 

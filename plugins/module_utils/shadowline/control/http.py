@@ -47,10 +47,11 @@ class Answer:
         return self.body.decode("utf-8", "replace")
 
 
-def fetch(url: str, timeout: float) -> Answer | None:
-    """GET ``url``: the answer (an HTTP error status is an answer too), None when nothing answers in time."""
+def fetch(url: str, timeout: float, context: ssl.SSLContext | None = None) -> Answer | None:
+    """GET ``url``: the answer (an HTTP error status is an answer too), None when nothing answers in time (or an
+    https:// server refuses this client: ``context`` gives the CA and the client's certificate)."""
     try:
-        with open_direct(url, timeout) as response:
+        with direct_opener(context)(urllib.request.Request(url), timeout) as response:
             return Answer(response.status, response.read(), dict(response.headers))
     except urllib.error.HTTPError as err:
         try:
@@ -62,7 +63,7 @@ def fetch(url: str, timeout: float) -> Answer | None:
         return None
 
 
-def http_get(url: str, timeout: float) -> tuple[int, str] | None:
+def http_get(url: str, timeout: float, context: ssl.SSLContext | None = None) -> tuple[int, str] | None:
     """(status, body text) or None when nothing answers within the timeout."""
-    answer = fetch(url, timeout)
+    answer = fetch(url, timeout, context)
     return None if answer is None else (answer.status, answer.text)

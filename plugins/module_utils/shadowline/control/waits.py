@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import ssl
 import time
 from typing import Callable
 
@@ -29,9 +30,10 @@ def poll(check: Callable[[], str | None], timeout_s: float, interval_s: float = 
         time.sleep(interval_s)
 
 
-def http_check(url: str, status: int = 200, timeout_s: float = 1.0) -> Callable[[], str | None]:
+def http_check(url: str, status: int = 200, timeout_s: float = 1.0,
+               context: ssl.SSLContext | None = None) -> Callable[[], str | None]:
     def check() -> str | None:
-        answer = http_get(url, timeout_s)
+        answer = http_get(url, timeout_s, context)
         if answer is None:
             return f"{url} did not answer"
         return None if answer[0] == status else f"{url} answered {answer[0]}"

@@ -110,7 +110,7 @@ KNOWN_VARIABLES = [
     "gms_socket_dir", "gms_lock_path", "gms_python", "gms_service_user", "gms_memory", "gms_frontend_bind",
     "gms_model_allow_unpinned", "gms_model_allow_pickle", "gms_model_verify", "gms_model_hf_token_file",
     "gms_failover", "gms_slurm",
-    "gms_monitoring", "gms_insecure", "gms_secrets_dir", "gms_firewall_allow",
+    "gms_monitoring", "gms_insecure", "gms_secrets_dir", "gms_firewall_allow", "gms_frontend_allow",
 ]
 # Shared variables must be the same on every node of a deployment.
 SHARED_VARIABLES = [v for v in KNOWN_VARIABLES if v not in ("gms_node_rank", "gms_node_address")]
@@ -220,6 +220,7 @@ class Contract:
     insecure: bool = False  # gms_insecure: etcd and NATS without authentication or TLS (an explicit opt-out)
     secrets_dir: str = ""  # gms_secrets_dir on the controller (absolute, ~ expanded by the controller's plugins)
     firewall_allow: tuple[str, ...] = ()  # gms_firewall_allow: more sources the host firewall lets in
+    frontend_allow: tuple[str, ...] = ()  # gms_frontend_allow: who may reach the frontend (empty: anyone)
 
     @property
     def leader(self) -> Node:
@@ -298,7 +299,8 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
     service_user = read.string("gms_service_user", shared.get("gms_service_user", DEFAULT_SERVICE_USER), "shadowline")
     insecure = read.boolean("gms_insecure", shared.get("gms_insecure", False))
     secrets_dir = _secrets_dir(read, shared.get("gms_secrets_dir"), deployment)
-    firewall_allow = _firewall_allow(read, shared.get("gms_firewall_allow", []))
+    firewall_allow = _networks(read, "gms_firewall_allow", shared.get("gms_firewall_allow", []))
+    frontend_allow = _networks(read, "gms_frontend_allow", shared.get("gms_frontend_allow", []))
 
     socket_dir = shared.get("gms_socket_dir") or (default_socket_dir(deployment) if deployment else None)
     socket_dir = _absolute_path(read, "gms_socket_dir", socket_dir) if socket_dir else None
@@ -334,20 +336,20 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         failover=failover,
         allow_unpinned=bool(allow_unpinned), allow_pickle=bool(allow_pickle),
         monitoring=monitoring, insecure=bool(insecure), secrets_dir=secrets_dir or "",
-        firewall_allow=tuple(firewall_allow or ()),
+        firewall_allow=tuple(firewall_allow or ()), frontend_allow=tuple(frontend_allow or ()),
     )
     return contract, problems
 
 
-def _firewall_allow(read: Reader, value: Any) -> list[str] | None:
-    """gms_firewall_allow: IP addresses or networks (CIDR) that may reach the deployment's protected ports too."""
-    items = read.string_list("gms_firewall_allow", value, "['10.0.0.0/24', '192.168.1.5']")
+def _networks(read: Reader, name: str, value: Any) -> list[str] | None:
+    """gms_firewall_allow, gms_frontend_allow: IP addresses or networks (CIDR) the host firewall lets in."""
+    items = read.string_list(name, value, "['10.0.0.0/24', '192.168.1.5']")
     out = []
     for item in items or []:
         try:
             out.append(str(ipaddress.ip_network(item.strip(), strict=False)))
         except ValueError:
-            read.problem("gms_firewall_allow", f"{item!r} is not an IP address or network.",
+            read.problem(name, f"{item!r} is not an IP address or network.",
                          "list addresses or networks in CIDR form, such as 10.0.0.0/24 or 192.168.1.5.")
             return None
     return out

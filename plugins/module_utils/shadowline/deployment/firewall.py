@@ -5,7 +5,7 @@ reload) without authentication, and the torch master port and the NIXL side chan
 agent's metrics port and etcd's and NATS's ports are open too. Each host gets one nftables table owned by the
 deployment (``inet shadowline_<deployment>``) that drops a connection to those ports from any address that is not
 one of the deployment's nodes, infra hosts, its monitoring host, loopback, or ``gms_firewall_allow``. The frontend's
-port stays open. A oneshot unit (``shadowline-<deployment>-firewall.service``) loads the table at boot and deletes
+port is open to anyone, or, with ``gms_frontend_allow``, to those sources and the deployment's own. A oneshot unit (``shadowline-<deployment>-firewall.service``) loads the table at boot and deletes
 it when stopped, so teardown removes it with the other units.
 """
 
@@ -38,13 +38,16 @@ def protected_ports(plan: Plan, host: str) -> list[int]:
     return sorted(ports)
 
 
-def allowed_addresses(plan: Plan) -> tuple[list[str], list[str]]:
-    """(IPv4, IPv6) sources allowed to reach the protected ports: the deployment's hosts, monitoring, loopback."""
+def allowed_addresses(plan: Plan, extra: tuple[str, ...] | None = None) -> tuple[list[str], list[str]]:
+    """(IPv4, IPv6) sources allowed to reach the protected ports: the deployment's hosts, monitoring, loopback and
+    ``extra`` (default: gms_firewall_allow)."""
     addresses = [n.address for n in plan.nodes] + [n.address for n in plan.infra.hosts]
     if plan.monitoring is not None:
         addresses.append(plan.monitoring.address)
     v4, v6 = ["127.0.0.0/8"], ["::1"]
-    addresses += list(plan.security.firewall_allow if plan.security else ())
+    if extra is None:
+        extra = plan.security.firewall_allow if plan.security else ()
+    addresses += list(extra)
     for address in dict.fromkeys(addresses):
         try:
             ip = ipaddress.ip_network(address, strict=False)
@@ -75,10 +78,23 @@ def firewall_rules(plan: Plan, host: str) -> str:
         "    tcp dport @protected ip saddr @allowed4 accept",
         "    tcp dport @protected ip6 saddr @allowed6 accept",
         "    tcp dport @protected drop",
+        *frontend_rules(plan, host),
         "  }",
         "}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def frontend_rules(plan: Plan, host: str) -> list[str]:
+    """With gms_frontend_allow, on the frontend's host: its port only for those sources and the deployment's."""
+    allow = plan.security.frontend_allow if plan.security else ()
+    if not allow or host != plan.infra.frontend.host:
+        return []
+    v4, v6 = allowed_addresses(plan, allow)
+    port = plan.ports.frontend
+    return [f"    tcp dport {port} ip saddr {{ {', '.join(v4)} }} accept",
+            f"    tcp dport {port} ip6 saddr {{ {', '.join(v6)} }} accept",
+            f"    tcp dport {port} drop"]
 
 
 def firewall_unit(plan: Plan, host: str) -> str:

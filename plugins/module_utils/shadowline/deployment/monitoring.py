@@ -6,7 +6,8 @@ there is one, ``node`` and ``cohort``):
 
 - ``shadowline-engine``: every cohort leader's system port (``DYN_SYSTEM_PORT``, /metrics): Dynamo's
   ``dynamo_component_engine_failover_*`` metrics; headless ranks serve no metrics.
-- ``shadowline-agent``: every node's agent (``gms_ports.agent_metrics``).
+- ``shadowline-agent``: every node's agent (``gms_ports.agent_metrics``), over TLS with the Prometheus host's
+  client certificate of the deployment's CA unless insecure (control/access.py: the endpoint requires one).
 - ``shadowline-frontend``: the Dynamo frontend's HTTP port (/metrics on the OpenAI port).
 - ``shadowline-etcd``: every etcd member's client port (/metrics).
 - ``shadowline-nats``: every NATS server's client port, probed by the blackbox exporter (a TCP connect that
@@ -87,6 +88,10 @@ def scrape_configs(plan: Plan) -> list[dict[str, Any]]:
         }
         if job == "shadowline-agent":
             config["honor_labels"] = True  # the agent's own deployment and node labels, not exported_*
+            if plan.secure and plan.security is not None:  # TLS with a client certificate of the deployment's CA
+                config["scheme"] = "https"
+                config["tls_config"] = {"ca_file": plan.security.ca, "cert_file": plan.security.client_cert,
+                                        "key_file": plan.security.client_key}
         if job == "shadowline-nats":
             config["metrics_path"] = "/probe"
             config["params"] = {"module": [NATS_PROBE_MODULE]}
@@ -122,7 +127,9 @@ def scrape_configs_snippet(plan: Plan) -> str:
     """For an existing Prometheus (mode targets): the scrape_configs entries to add to its prometheus.yml."""
     lines = [f"# shadowline {plan.deployment}: add these entries under scrape_configs: of your prometheus.yml,",
              "# and the alert rules beside them under rule_files:. The shadowline-nats job needs a blackbox",
-             f"# exporter on 127.0.0.1 with the module {NATS_PROBE_MODULE} of blackbox.yml here.",
+             f"# exporter on 127.0.0.1 with the module {NATS_PROBE_MODULE} of blackbox.yml here. The",
+             "# shadowline-agent job's tls_config names this host's CA and client certificate: a Prometheus",
+             "# elsewhere needs a client certificate of the deployment's CA (docs/monitoring.md).",
              json.dumps(scrape_configs(plan), indent=2)]
     return "\n".join(lines) + "\n"
 

@@ -36,12 +36,13 @@ class Subject:
 
 
 def subjects(deployment: str, hosts: list[tuple[str, str]], infra: list[tuple[str, str]]) -> list[Subject]:
-    """What a deployment needs: a client certificate per host (and the controller), a server one per infra host."""
+    """What a deployment needs: a client certificate per host (and the controller), a server one per host (NATS on
+    the infra hosts, the agents' endpoint on the nodes)."""
     out = []
     for host, address in dict.fromkeys(hosts + infra):
         names = _names(host, address)
         out.append(Subject(f"hosts/{host}", CLIENT, f"{host}.{deployment}.shadowline", *names))
-    for host, address in infra:
+    for host, address in dict.fromkeys(hosts + infra):
         dns, ips = _names(host, address)
         out.append(Subject(f"hosts/{host}", SERVER, f"{host}.{deployment}.shadowline", dns, ips + ("127.0.0.1",)))
     out.append(Subject("controller", CLIENT, f"controller.{deployment}.shadowline"))

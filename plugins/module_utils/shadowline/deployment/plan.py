@@ -83,6 +83,7 @@ class Security:
     dir: str  # on every host: <config_dir>/secrets (root:<service user> 0750)
     controller_dir: str  # gms_secrets_dir on the controller: the CA, every certificate and password
     firewall_allow: tuple[str, ...] = ()  # gms_firewall_allow: sources the host firewall lets in besides the hosts
+    frontend_allow: tuple[str, ...] = ()  # gms_frontend_allow: who may reach the frontend's port (empty: anyone)
 
     @property
     def controller_path(self) -> str:
@@ -284,7 +285,8 @@ def _process(data: dict[str, Any]) -> Process:
 
 def _security(data: dict[str, Any]) -> Security:
     known = _known(Security, data)
-    return Security(**{**known, "firewall_allow": tuple(known.get("firewall_allow") or ())})
+    return Security(**{**known, "firewall_allow": tuple(known.get("firewall_allow") or ()),
+                       "frontend_allow": tuple(known.get("frontend_allow") or ())})
 
 
 def _node(data: dict[str, Any]) -> Node:
@@ -328,7 +330,7 @@ def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str
     dirs = _Dirs(state=state_dir or STATE_DIR.format(deployment=contract.deployment),
                  config=config_dir or CONFIG_DIR.format(deployment=contract.deployment))
     security = Security(insecure=contract.insecure, dir=f"{dirs.config}/secrets", controller_dir=contract.secrets_dir,
-                        firewall_allow=contract.firewall_allow)
+                        firewall_allow=contract.firewall_allow, frontend_allow=contract.frontend_allow)
     infra = _infra_plan(contract, dirs, security)
     gms_servers = tuple(_gms_server(contract, node) for node in contract.nodes)
     cohorts = tuple(_cohort_plan(contract, infra, security, cohort) for cohort in range(contract.cohorts))
@@ -368,7 +370,7 @@ def _infra_plan(contract: Contract, dirs: _Dirs, security: Security) -> InfraPla
     return InfraPlan(hosts=contract.infra_hosts, etcd_endpoints=etcd, nats_server=nats,
                      frontend_url=f"http://{_reachable(contract.frontend_bind, first.address)}:{ports.frontend}",
                      frontend=Process(host=first.host, argv=argv, env=env),
-                     etcd=tuple(_etcd_member(contract, dirs, node) for node in contract.infra_hosts),
+                     etcd=tuple(_etcd_member(contract, dirs, security, node) for node in contract.infra_hosts),
                      nats=tuple(_nats_server(contract, dirs, security, node) for node in contract.infra_hosts))
 
 
@@ -379,21 +381,28 @@ def _reachable(bind: str, address: str) -> str:
     return f"[{bind}]" if ":" in bind and not bind.startswith("[") else bind
 
 
-def _etcd_member(contract: Contract, dirs: _Dirs, node: Node) -> Process:
-    """One etcd member, listening on the node's address only; 1 or 3 members form the cluster."""
+def _etcd_member(contract: Contract, dirs: _Dirs, security: Security, node: Node) -> Process:
+    """One etcd member, listening on the node's address only; 1 or 3 members form the cluster. Unless insecure,
+    the members talk to each other over TLS with certificates of the deployment's CA (peer TLS, client
+    certificates required): the cluster's own traffic is encrypted and no host off the deployment can join it.
+    Clients stay on plain HTTP with authentication: Dynamo 1.6.1's etcd client has no TLS (docs/security.md)."""
     ports = contract.ports
-    cluster = ",".join(f"{n.host}=http://{n.address}:{ports.etcd_peer}" for n in contract.infra_hosts)
+    peer = "http" if security.insecure else "https"
+    cluster = ",".join(f"{n.host}={peer}://{n.address}:{ports.etcd_peer}" for n in contract.infra_hosts)
     argv = ("/usr/bin/etcd", "--name", node.host,
             "--data-dir", f"{dirs.state}/etcd",
             "--listen-client-urls", f"http://{node.address}:{ports.etcd_client}",
             "--advertise-client-urls", f"http://{node.address}:{ports.etcd_client}",
-            "--listen-peer-urls", f"http://{node.address}:{ports.etcd_peer}",
-            "--initial-advertise-peer-urls", f"http://{node.address}:{ports.etcd_peer}",
+            "--listen-peer-urls", f"{peer}://{node.address}:{ports.etcd_peer}",
+            "--initial-advertise-peer-urls", f"{peer}://{node.address}:{ports.etcd_peer}",
             "--initial-cluster", cluster, "--initial-cluster-token", f"shadowline-{contract.deployment}",
             "--initial-cluster-state", "new",
             # keep one hour of history: a watcher's revision older than that is compacted (the agents' watch
             # then reads the view again, control/feed.py); without it the history grows until etcd's quota
             "--auto-compaction-mode", "periodic", "--auto-compaction-retention", "1h")
+    if not security.insecure:
+        argv += ("--peer-cert-file", security.server_cert, "--peer-key-file", security.server_key,
+                 "--peer-trusted-ca-file", security.ca, "--peer-client-cert-auth")
     return Process(host=node.host, argv=argv, env={})
 
 
@@ -435,8 +444,19 @@ def _discovery_env(etcd_endpoints: str, nats_server: str, security: Security, se
     env = {"ETCD_ENDPOINTS": members[seed % len(members)], "NATS_SERVER": servers[seed % len(servers)]}
     if not security.insecure:
         env.update(NATS_TLS_CA_CERT_PATH=security.ca, NATS_TLS_CLIENT_CERT_PATH=security.client_cert,
-                   NATS_TLS_CLIENT_KEY_PATH=security.client_key)
+                   NATS_TLS_CLIENT_KEY_PATH=security.client_key, **request_plane_tls(security))
     return env
+
+
+def request_plane_tls(security: Security) -> dict[str, str]:
+    """Dynamo's TCP request plane (requests from the frontend to a worker, responses streamed back) with mutual
+    TLS: each process serves with its host's server certificate, presents its client certificate, and trusts
+    only the deployment's CA both ways (the names of Dynamo 1.6.1's dynamo/frontend/frontend_args.py and
+    dynamo/common/configuration/groups/runtime_args.py)."""
+    return {"DYN_TCP_TLS_CERT_PATH": security.server_cert, "DYN_TCP_TLS_KEY_PATH": security.server_key,
+            "DYN_TCP_TLS_CA_CERT_PATH": security.ca, "DYN_TCP_TLS_CLIENT_CA_CERT_PATH": security.ca,
+            "DYN_TCP_TLS_CLIENT_CERT_PATH": security.client_cert,
+            "DYN_TCP_TLS_CLIENT_KEY_PATH": security.client_key}
 
 
 def _gms_server(contract: Contract, node: Node) -> Process:

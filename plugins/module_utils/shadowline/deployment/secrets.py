@@ -53,10 +53,10 @@ def host_files(plan: Plan, host: str) -> list[dict[str, str]]:
     files = [(os.path.join(pki, "ca.crt"), "ca.crt", "root", "0644"),
              (os.path.join(pki, "hosts", host, "client.crt"), "client.crt", user, "0644"),
              (os.path.join(pki, "hosts", host, "client.key"), "client.key", user, "0600"),
+             (os.path.join(pki, "hosts", host, "server.crt"), "server.crt", user, "0644"),  # NATS, the agent
+             (os.path.join(pki, "hosts", host, "server.key"), "server.key", user, "0600"),
              (os.path.join(root, "dynamo.env"), "dynamo.env", "root", "0600"),
              (os.path.join(root, "etcd-agent.password"), "etcd-agent.password", "root", "0600")]
     if host in plan.infra_hosts:
-        files += [(os.path.join(pki, "hosts", host, "server.crt"), "server.crt", user, "0644"),
-                  (os.path.join(pki, "hosts", host, "server.key"), "server.key", user, "0600"),
-                  (os.path.join(root, "etcd-root.password"), "etcd-root.password", "root", "0600")]
+        files += [(os.path.join(root, "etcd-root.password"), "etcd-root.password", "root", "0600")]
     return [{"src": src, "dest": f"{dest}/{name}", "owner": owner, "mode": mode} for src, name, owner, mode in files]
