@@ -20,101 +20,39 @@ import json
 import os
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shadowline.control.failover_metrics import engine_failover_view
 from testbed.inventory import failover_of_testbed
 from testbed.pytest_fixtures import skip_reason
 
 from ..loopback import wait_until
 from . import launch
+from .deployed import Deployed
 
 INSTANCE = "6"
-tb = launch.load_testbed(INSTANCE)  # testbed/testbed.py bound to instance 6 only (SHADOWLINE_TESTBED=6)
 REPO = launch.REPO
 DEPLOYMENT = "demo"  # inventories/testbed/group_vars
 UNIT = f"shadowline-{DEPLOYMENT}"
-EVENTS = f"/var/lib/shadowline/{DEPLOYMENT}/events.jsonl"
-LOCK = f"/run/shadowline/{DEPLOYMENT}/gms/failover.lock"
 LEADER = "node0"
-FRONTEND = f"http://198.18.{INSTANCE}.10:8000"
-MODEL = "shadowline/tiny-llama"
 # The drills run the stand-in with the tightest detection it stands (issue #14: half the requests the 2 s health
 # timeout lost): hung after 0.5 s without a 200 or a token, idle hangs canaried every 0.5 s.
 EXTRA_VARS = {"gms_failover": failover_of_testbed(stable_after_s=8, health_timeout_s=0.5, progress_stall_s=0.5,
                                                    canary_interval_s=0.5)}
+d = Deployed(INSTANCE, EXTRA_VARS)  # the deployment's helpers (tests/e2e/deployed.py)
+tb = d.tb  # testbed/testbed.py bound to instance 6 only (SHADOWLINE_TESTBED=6)
+playbook, on, events, lock_holder, completion_ok = d.playbook, d.on, d.events, d.lock_holder, d.completion_ok
+leader_states, assert_whole = d.leader_states, d.assert_whole
 FAULTS = ["kill-leader", "kill-worker", "hang-leader", "hang-worker", "stall-generation", "gpu-xid-app",
           "gpu-xid-fatal", "kill-standby", "kill-agent", "kill-gms", "cut-node"]
 HANGS = ("hang-leader", "hang-worker", "stall-generation")
 
 
-def playbook(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "SHADOWLINE_TESTBED": INSTANCE}
-    return subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(tb.INVENTORY),
-                           f"playbooks/{name}", "-e", json.dumps(EXTRA_VARS), *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-
-
 def tail(proc: subprocess.CompletedProcess[str], lines: int = 60) -> str:
     return "\n".join((proc.stdout + proc.stderr).splitlines()[-lines:])
-
-
-def on(host: str, *argv: str, timeout: float = 30) -> str:
-    proc = tb.exec_in(host, list(argv), timeout=timeout)
-    assert proc.returncode == 0, f"{host}: {' '.join(argv)}: {proc.stderr.strip()}"
-    return proc.stdout
-
-
-def events(host: str = LEADER, since: float = 0.0) -> list[dict[str, Any]]:
-    proc = tb.exec_in(host, ["cat", EVENTS], timeout=30)
-    out = []
-    for line in proc.stdout.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record["time"] >= since:
-            out.append(record)
-    return out
-
-
-def leader_states() -> dict[int, str | None]:
-    """Each cohort leader's failover state from its own /metrics (system ports 8080, 8081 on node0)."""
-    states: dict[int, str | None] = {}
-    for cohort in (0, 1):
-        try:
-            with urllib.request.urlopen(f"http://198.18.{INSTANCE}.10:{8080 + cohort}/metrics", timeout=2) as r:
-                text = r.read().decode()
-        except OSError:
-            states[cohort] = None
-            continue
-        view = engine_failover_view(text).get(str(cohort))
-        states[cohort] = view.state if view else None
-    return states
-
-
-def lock_holder() -> str:
-    """The lock file's content, and that some process really holds it (flock probe inside node0)."""
-    held = tb.exec_in(LEADER, ["flock", "--nonblock", "--shared", LOCK, "true"], timeout=10).returncode != 0
-    return on(LEADER, "cat", LOCK).strip() if held else ""
-
-
-def completion_ok() -> bool:
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "drill test"}],
-                       "max_tokens": 4}).encode()
-    request = urllib.request.Request(f"{FRONTEND}/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=5) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def wait_for(what: str, check: Any, timeout: float, interval: float = 0.2) -> Any:
@@ -135,15 +73,6 @@ def alive_on(host: str, pid: int, start: int) -> bool:
         return False
     stat = proc.stdout
     return int(stat[stat.rindex(")") + 2:].split()[19]) == start
-
-
-def assert_whole() -> None:
-    """Exactly one lock holder, which is the one active leader; the other parked; the frontend serves."""
-    states = wait_for("one leader active and one parked", lambda: (s := leader_states()) and
-                      sorted(s.values(), key=str) == ["active", "standby"] and s, 30)
-    active = next(c for c, s in states.items() if s == "active")
-    assert lock_holder() == f"engine-{active}"
-    assert wait_for("a completion through the frontend", completion_ok, 15)
 
 
 @pytest.fixture(scope="module")
