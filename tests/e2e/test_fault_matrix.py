@@ -33,12 +33,13 @@ import pytest
 
 from shadowline.control.coordination import Keys, RecordInvalid, Slot
 from shadowline.control.etcd_client import Etcd
+from shadowline.control.frontend import send
 from testbed.inventory import failover_of_testbed
 from testbed.pytest_fixtures import skip_reason
 
 from ..loopback import wait_until
 from . import launch
-from .deployed import LEADER, NODES, UNIT, Deployed, Load
+from .deployed import LEADER, MODEL, NODES, UNIT, Deployed, Load
 from .site_helpers import say
 
 INSTANCE = "8"
@@ -475,6 +476,33 @@ def test_row14_the_only_infra_host_stopped_and_started(steady: dict[str, Any]) -
         time.sleep(3)
     assert declared(t0) == [], "losing the infra host failed a generation"
     assert load.failed(after=back + 1) == [], load.summary()
+    same_agents(steady)
+
+
+LONG_PROMPT = "shadowline " * 600  # about 1800 tokens of the tiny model's tokenizer (its limit is 2048)
+
+
+def test_row15_no_false_positives_idle_long_prompts_long_generations(steady: dict[str, Any]) -> None:
+    """What must never be declared (issue #14), at the testbed's 1 s stall setting: an idle engine (only the
+    driver's canaries for 6 s), long prompts (about 1800 tokens) and long generations (256 tokens) beside the
+    load for 10 s. Every answer is a success and no failure is declared."""
+    t0 = steady["t0"]
+    time.sleep(6)
+    answers = []
+    with Load(d) as load:
+        end = time.time() + 10
+        while time.time() < end:
+            for prompt, tokens in ((LONG_PROMPT, 16), ("tell a long story", 256)):
+                body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": prompt}],
+                                   "max_tokens": tokens}).encode()
+                answers.append(send(d.frontend, body, 30.0))
+            time.sleep(0.5)
+    canaries = d.events(LEADER, t0, "canary-failed")
+    steady["figures"].update(long_requests=len(answers), long_ok=sum(a.ok for a in answers),
+                             canary_errors=len(canaries))
+    assert all(a.ok for a in answers), [(a.status, a.error) for a in answers if not a.ok][:5]
+    assert declared(t0) == [], "a healthy engine was declared failed"
+    assert load.failed() == [], load.summary()
     same_agents(steady)
 
 
