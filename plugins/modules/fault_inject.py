@@ -16,7 +16,9 @@ description:
     this node. C(hang-leader), C(hang-worker) - SIGSTOP every process of the cohort's engine unit on this node
     (the leader's or a headless rank's; the whole rank freezes). C(stall-generation) - write C(hang-collective)
     into the stand-in's per-rank fault control file (C(<lock dir>/fault-engine-<id>-rank-<r>)), so the rank stops in
-    its collective while its process runs. C(kill-gms), C(kill-agent) - SIGKILL the main process of the
+    its collective while its process runs. C(gpu-xid-app), C(gpu-xid-fatal) - append an Xid 31 (the leader node's
+    GPU) or Xid 79 (this node's GPU, fenced until C(playbooks/failover.yml -e unfence=)) to the stand-in's fake GPU
+    event file, which the agent's GPU watch reads as it reads NVML's events on a GPU node. C(kill-gms), C(kill-agent) - SIGKILL the main process of the
     node's GMS server or agent unit. C(cut-node) - a transient unit takes the interface that carries the node's
     address down for I(cut_s) seconds and up again (the module answers first).
   - With I(state=restored), undoes what the drill left - removes the control file, sends SIGCONT to processes
@@ -28,8 +30,8 @@ options:
     description: The fault.
     type: str
     required: true
-    choices: [kill-leader, kill-worker, hang-leader, hang-worker, stall-generation, kill-standby, kill-gms, kill-agent,
-              cut-node]
+    choices: [kill-leader, kill-worker, hang-leader, hang-worker, stall-generation, gpu-xid-app, gpu-xid-fatal,
+              kill-standby, kill-gms, kill-agent, cut-node]
   cohort:
     description: The cohort whose rank on this node the fault hits (engine faults).
     type: int

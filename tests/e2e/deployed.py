@@ -145,9 +145,10 @@ class Deployed:
 
     def assert_whole(self, timeout: float = 60) -> None:
         """Exactly one lock holder, which is the one active leader; the other parked; the frontend serves."""
-        states = wait_until(lambda: (s := self.leader_states()) and sorted(s.values(), key=str) == ["active",
-                                                                                                     "standby"] and s,
-                            timeout, 0.2, "one leader active and one parked")
+        def whole() -> dict | None:
+            s = self.leader_states()
+            return s if s and sorted(s.values(), key=str) == ["active", "standby"] else None
+        states = wait_until(whole, timeout, 0.2, "one leader active and one parked")
         active = next(c for c, s in states.items() if s == "active")
         assert self.lock_holder() == f"engine-{active}"
         assert wait_until(self.completion_ok, 15, 0.2, "a completion through the frontend")

@@ -40,8 +40,8 @@ UNIT = f"shadowline-{DEPLOYMENT}"
 LEADER = "node0"
 # The drills run the stand-in with the tightest detection it stands (issue #14: half the requests the 2 s health
 # timeout lost): hung after 0.5 s without a 200 or a token, idle hangs canaried every 0.5 s.
-EXTRA_VARS = {"gms_failover": failover_of_testbed(stable_after_s=8, health_timeout_s=0.5, progress_stall_s=0.5,
-                                                   canary_interval_s=0.5)}
+EXTRA_VARS = {"gms_failover": failover_of_testbed(
+    stable_after_s=8, health_timeout_s=0.5, progress_stall_s=0.5, canary_interval_s=0.5)}
 d = Deployed(INSTANCE, EXTRA_VARS)  # the deployment's helpers (tests/e2e/deployed.py)
 tb = d.tb  # testbed/testbed.py bound to instance 6 only (SHADOWLINE_TESTBED=6)
 playbook, on, events, lock_holder, completion_ok = d.playbook, d.on, d.events, d.lock_holder, d.completion_ok
@@ -154,8 +154,8 @@ def check_fault(fault: str, report: dict[str, Any]) -> None:  # noqa: C901 (one 
     if fault in HANGS:
         # the culprit named: the signal, the node and rank that showed it first
         # a hang that starts with nothing running (between two requests) shows in no metric: the canary finds it
-        expected = {"leader-hung": "health"} if fault == "hang-leader" else {"generation-stalled": "progress",
-                                                                              "canary-unanswered": "canary"}
+        expected = ({"leader-hung": "health"} if fault == "hang-leader"
+                    else {"generation-stalled": "progress", "canary-unanswered": "canary"})
         assert report["detect_reason"] in expected, report["detect_reason"]
         assert report["culprit"]["signal"] == expected[report["detect_reason"]], report["culprit"]
         assert report["culprit"]["node"] == LEADER and report["culprit"]["rank"] == 0

@@ -19,13 +19,11 @@ never in CI. The deployment is the default testbed inventory (node0: leader and 
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import resource
 import socket
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 

@@ -415,8 +415,8 @@ def test_a_fenced_node_holds_every_relaunch_and_says_so_once():
     assert kinds(said) == ["Record:serving-needs-hardware", "NoteFences"]
     assert "-e unfence=node2" in said[0].fields["detail"] and said[0].fields["xid"] == 79
     assert fences_reported(fenced, DriverMemory(fences_reported={"node2"})) == []
-    assert kinds(fences_reported(view(), DriverMemory(fences_reported={"node2"}))) == ["Record:unfenced",
-                                                                                          "NoteFences"]
+    reported = fences_reported(view(), DriverMemory(fences_reported={"node2"}))
+    assert kinds(reported) == ["Record:unfenced", "NoteFences"]
 
 
 def test_held_slots_relaunch_by_themselves_once_no_node_is_fenced():

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from shadowline.backends import backend, dynamo_vllm, standin
+from shadowline.backends import backend, dynamo_vllm
 from shadowline.deployment.contract import DEFAULT_FAILOVER, MANAGED_FLAGS, Failover, parse_contract
 from shadowline.deployment.plan import Plan, build_plan
 

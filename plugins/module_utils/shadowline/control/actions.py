@@ -317,7 +317,8 @@ class ClearGmsLost:
 
 
 Action = Union[Record, WakeAt, Declare, TearDown, FinishTeardown, KillRest, Confirm, Launch, Launched, LaunchFailed,
-               AbandonStart, NoteDetected, MarkHealthy, NoteProgress, Fence, ClearFence, SetGeneration, ReportInvalid, ReportGmsLost, SwapSlot, RevokeRegistration,
+               AbandonStart, NoteDetected, MarkHealthy, NoteProgress, Fence, ClearFence, SetGeneration, ReportInvalid,
+               ReportGmsLost, SwapSlot, RevokeRegistration,
                ObserveTeardown, NoteLaunched, SetHolder, SetServing, CreateSlot, BeginPromotion, ExtendPromotion, TakeBridge, ReleaseBridge,
                NoteLockReplaced, PromotionActive, PromotionRegistered,
                ProbePromotion, EndPromotion, RecordActive, AgentsSeen, AgentLost, AgentBack, ProbeServing, SendCanary, EndCanary,

@@ -401,7 +401,8 @@ class Leader(Rank):
 
     def park_until_the_lock(self) -> bool:
         """Shadow mode: standby until the failover lock is ours, then waking; False when stopped meanwhile."""
-        assert self.metrics is not None and self.worker is not None
+        if self.metrics is None or self.worker is None:
+            raise RuntimeError("park_until_the_lock before the engine started")
         self.metrics.set_state("standby")
         self.healthy = True
         log.info("[Shadow] Engine paused, startup probe now passing, waiting for lock")
