@@ -39,7 +39,7 @@ def _is_ours(pid: int, out: str) -> bool:
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset(("state", "url", "model", "rate", "duration_s", "max_requests", "timeout_s", "pid",
-                             "out", "stop_at"))
+                             "out", "stop_at", "tls"))
     _requires_connection = False
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -70,6 +70,13 @@ class ActionModule(ActionBase):
         argv = [sys.executable, "-m", "shadowline.drill.load", "--url", str(args["url"]), "--model",
                 str(args["model"]), "--rate", str(rate), "--duration", str(duration), "--max-requests",
                 str(max_requests), "--timeout", str(float(args.get("timeout_s", 5))), "--out", out]
+        tls = args.get("tls") or {}
+        if tls:
+            if not isinstance(tls, dict) or sorted(tls) != ["ca", "cert", "key"]:
+                result.update(failed=True, msg="tls must be empty or have exactly ca, cert and key (the "
+                                               "shadowline.gms.frontend_endpoint filter's tls)")
+                return result
+            argv += ["--ca", str(tls["ca"]), "--cert", str(tls["cert"]), "--key", str(tls["key"])]
         with open(os.path.join(workdir, "load.log"), "wb") as log:
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,  # noqa: S603
                                     start_new_session=True, cwd=workdir)

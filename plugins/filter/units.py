@@ -2,14 +2,17 @@
 # Copyright: shadowline contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters that turn the cohort plan (the gms_plan fact) into systemd unit names and texts, and a node's agent
-endpoint (its URL and the client TLS files)."""
+endpoint and the frontend (their URL and a client's TLS files)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.access import agent_url
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.access import (
+    agent_url,
+    frontend_tls_files,
+)
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import firewall, units
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
 
@@ -53,6 +56,16 @@ def agent_endpoint(plan: dict[str, Any], host: str) -> dict[str, Any]:
     return {"url": agent_url(typed, host), "tls": tls}
 
 
+def frontend_endpoint(plan: dict[str, Any], where: str = "host") -> dict[str, Any]:
+    """The frontend's URL and, when it is HTTPS (gms_frontend_tls), a client's TLS files: a host's (``host``: on
+    any host of the deployment) or the controller's (``controller``); tls is {} when plain."""
+    if where not in ("host", "controller"):
+        raise AnsibleFilterError(f"shadowline.gms.frontend_endpoint: where is {where!r}, not host or controller")
+    typed = Plan.from_dict(plan)
+    return {"url": typed.infra.frontend_url, "tls": frontend_tls_files(typed, on_controller=where == "controller")}
+
+
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {"unit_name": unit_name, "unit_text": unit_text, "agent_endpoint": agent_endpoint}
+        return {"unit_name": unit_name, "unit_text": unit_text, "agent_endpoint": agent_endpoint,
+                "frontend_endpoint": frontend_endpoint}

@@ -30,6 +30,13 @@ options:
   model:
     description: The served model name (C(gms_plan.model_id)).
     type: str
+  tls:
+    description:
+      - An https:// frontend (C(gms_frontend_tls)) - C(ca), C(cert) and C(key), paths on the controller of the
+        deployment's CA and of the client certificate to present; empty for plain HTTP.
+      - The C(tls) of C(gms_plan | shadowline.gms.frontend_endpoint('controller')).
+    type: dict
+    default: {}
   rate:
     description: Requests per second.
     type: float

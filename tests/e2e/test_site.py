@@ -10,6 +10,8 @@ two shadows. The tests run in file order and build on each other (one deployment
 4. a change of the shadows alone (``gms_ports.master_stride``, the master port of every cohort but the primary's,
    and ``gms_cohorts`` 3 -> 2) restarts the changed shadow and removes the other on every node, and restarts
    nothing else that need not (only the agents, which follow the plan): never the serving primary;
+   then ``gms_frontend_tls: mutual``: the frontend alone restarts, serves HTTPS to a client of the deployment's
+   CA only, and smoke.yml and a kill-leader drill pass over it;
 5. teardown.yml leaves no unit, process, listening port or directory of the deployment on any host.
 
 Only real outcomes are asserted: the PLAY RECAP, HTTP answers from the frontend, and, inside the hosts,
@@ -21,18 +23,21 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import re
 import socket
 import ssl
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
 from shadowline.control import discovery
-from shadowline.control.access import agent_url, client_context, controller_etcd
+from shadowline.control.access import agent_url, client_context, controller_etcd, frontend_context
+from shadowline.control.frontend import completion_body, send
 from shadowline.control.http import http_get
 from shadowline.deployment.pki import ensure_pki
 from shadowline.deployment.plan import Plan
@@ -66,6 +71,7 @@ pytestmark = pytest.mark.timeout(900)
 
 # Shadows only: cohort 1's master port (29500 + stride * cohort) changes, cohort 2 goes; cohort 0 stays the same.
 SHADOW_CHANGE = '{"gms_cohorts": 2, "gms_ports": {"master_stride": 1000}}'
+FRONTEND_TLS = '{"gms_frontend_tls": "mutual"}'
 
 
 class Site:
@@ -495,6 +501,55 @@ def test_a_shadow_only_change_keeps_the_primary(site: Site) -> None:
         f"the status table does not show the new plan: {rows}"
     chat_completion(new["infra"]["frontend_url"], new["model_id"])
     site.steps["shadow change"] = True
+
+
+def test_frontend_over_mutual_tls(site: Site, request: pytest.FixtureRequest) -> None:
+    """gms_frontend_tls: mutual restarts the frontend alone (the engines keep their pids; the agents follow the
+    plan); the frontend then answers HTTPS only, refuses a client without a certificate of the deployment's CA in
+    the handshake, serves one with the controller's; site.yml's smoke.yml (a host's certificate) and a kill-leader drill
+    (the load from the controller, the agents' promotion probe from the nodes) pass over it."""
+    site.need("shadow change")
+    plan = Plan.from_dict(site.plan(SHADOW_CHANGE, FRONTEND_TLS))
+    url = plan.infra.frontend_url
+    assert url.startswith("https://"), url
+    frontend_unit, infra = "shadowline-demo-frontend.service", plan.infra.frontend.host
+    before = all_unit_pids()
+    run = site.site("site-4-frontend-tls", SHADOW_CHANGE, FRONTEND_TLS)
+    site.timings["frontend tls"] = run.seconds
+    assert run.ok(), f"site.yml with {FRONTEND_TLS} failed (rc {run.returncode}):\n{run.tail()}"
+    after = all_unit_pids()
+    assert after[infra][frontend_unit] != before[infra][frontend_unit], "the frontend did not restart"
+    for host in HOSTS:
+        engines = {u: p for u, p in before[host].items() if u.startswith("shadowline-demo-engine@")}
+        assert {u: after[host][u] for u in engines} == engines, f"{host}: an engine restarted"
+
+    pki = Path(plan.security.controller_path) / "pki"
+    address, port = url.split("//", 1)[1].rsplit(":", 1)
+    anonymous = _handshake(address, int(port), pki / "ca.crt", None)
+    assert anonymous.startswith("refused"), f"the frontend served a client without a certificate: {anonymous}"
+    plain = http_get(url.replace("https://", "http://") + "/health", 3)
+    assert plain is None or plain[0] != 200, f"the frontend answered plain HTTP: {plain}"
+    context = frontend_context(plan, on_controller=True)
+    answer = None
+    for _attempt in range(60):
+        answer = send(url, completion_body(plan.model_id), 10.0, 0, context)
+        if answer.ok:
+            break
+        time.sleep(1)
+    assert answer is not None and answer.ok, f"no completion over mutual TLS: {answer}"
+
+    assert "Smoke | serve a completion through the frontend" in run.output  # site.yml's smoke.yml ran over HTTPS
+    args = [a for v in (f"gms_cohorts={COHORTS}", SHADOW_CHANGE, FRONTEND_TLS) for a in ("-e", v)]
+    report = site.tmp / "drill-frontend-tls.json"
+    drill = run_playbook("drill.yml", *args, "-e", "fault=kill-leader", "-e", f"drill_report={report}",
+                         log_name="drill-frontend-tls")
+    assert drill.ok() and "result: PASS" in drill.output, f"kill-leader over HTTPS failed:\n{drill.tail()}"
+    result = json.loads(report.read_text())
+    assert result["failed_after_promotion"] == 0 and result["promoted_cohort"] is not None, result
+    say(request, f"frontend TLS: {url} refused a client without a certificate ({anonymous[:50]}); kill-leader "
+                 f"over HTTPS: promoted cohort {result['promoted_cohort']}, {result['failed_before_promotion']} "
+                 "failed before the promotion, 0 after")
+    site.steps["frontend tls"] = True
 
 
 # -- 5. teardown leaves nothing ----------------------------------------------------------------------------------- #

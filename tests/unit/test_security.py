@@ -235,3 +235,97 @@ def test_etcd_peers_talk_tls_unless_insecure():
     insecure = build_plan(parse_contract({h: {**v, "gms_insecure": True} if h in hosts else v for h, v in hv.items()},
                                          hosts, ["infra0", "infra1", "infra2"])[0])
     assert "--peer-client-cert-auth" not in insecure.infra.etcd[1].argv
+
+
+# -- gms_frontend_tls ----------------------------------------------------------------------------------------- #
+
+@pytest.mark.parametrize("mode", ["plain", "tls", "mutual"])
+def test_frontend_tls_renders_dynamos_https_options(mode: str):
+    """plain: http:// and no DYN_TLS_*; tls: https:// with the frontend host's server certificate; mutual: also
+    the deployment's CA as the client CA. Monitoring scrapes the frontend the same way."""
+    from shadowline.deployment.monitoring import scrape_configs
+
+    plan = plan_of(gms_frontend_tls=mode)
+    env, security = plan.infra.frontend.env, plan.security
+    assert plan.infra.frontend_url.startswith("http://" if mode == "plain" else "https://")
+    assert ("DYN_TLS_CERT_PATH" in env) == (mode != "plain")
+    assert env.get("DYN_TLS_CLIENT_CA_CERT_PATH") == (security.ca if mode == "mutual" else None)
+    if mode != "plain":
+        assert env["DYN_TLS_CERT_PATH"] == security.server_cert and env["DYN_TLS_KEY_PATH"] == security.server_key
+    job = next(c for c in scrape_configs(plan) if c["job_name"] == "shadowline-frontend")
+    assert job.get("scheme", "http") == ("http" if mode == "plain" else "https")
+    assert Plan.from_dict(plan.to_dict()) == plan
+
+
+@pytest.mark.parametrize(("shared", "words"), [
+    ({"gms_frontend_tls": "on"}, "not one of plain, tls, mutual"),
+    ({"gms_frontend_tls": False}, "not one of plain, tls, mutual"),  # an unquoted YAML off
+    ({"gms_frontend_tls": "tls", "gms_insecure": True}, "gms_insecure"),
+    ({"gms_frontend_tls": "mutual", "gms_frontend_bind": "198.18.0.77"}, "does not name"),
+])
+def test_frontend_tls_refusals_name_the_field(shared: dict, words: str):
+    hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16}, **shared)
+    contract, problems = parse_contract(hv, hosts)
+    assert contract is None and [p.field for p in problems] == ["gms_frontend_tls"], problems
+    assert words in str(problems[0])
+
+
+def test_a_slurm_job_refuses_frontend_tls():
+    from shadowline.slurm.job import job_context
+
+    shared = {"gms_deployment": "llama", "gms_model": {"id": "meta-llama/Llama-3.3-70B-Instruct",
+                                                         "revision": "0123456789abcdef0123456789abcdef01234567"},
+              "gms_engine": {"backend": "dynamo_vllm", "tensor_parallel_size": 8, "gpus_per_node": 8},
+              "gms_frontend_tls": "tls"}
+    context, problems = job_context(shared)
+    assert context is None and [p.field for p in problems] == ["gms_frontend_tls"], problems
+
+
+def test_a_frontend_client_speaks_mutual_tls_with_the_deployments_certificates(tmp_path: Path):
+    """A real HTTPS server with the frontend host's certificate that requires a client certificate of the CA
+    (what Dynamo's frontend does with gms_frontend_tls: mutual): the controller's context (frontend_context,
+    the drills' load) is served; a client with only the CA is refused in the handshake."""
+    import http.server
+    import ssl
+    import threading
+
+    from shadowline.control.access import frontend_context, frontend_tls_files
+    from shadowline.control.frontend import completion_body, send
+
+    pytest.importorskip("cryptography")
+    plan = plan_of(tmp_path, gms_frontend_tls="mutual")
+    ensure_secrets(plan)
+    pki = tmp_path / "secrets" / "pki" / "hosts" / plan.infra.frontend.host
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(tmp_path / "secrets" / "pki" / "ca.crt"))
+    server_context.load_cert_chain(str(pki / "server.crt"), str(pki / "server.key"))
+    server_context.verify_mode = ssl.CERT_REQUIRED
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b'{"choices": [{"message": {"content": "ok"}}]}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.socket = server_context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"https://127.0.0.1:{server.server_address[1]}"
+        files = frontend_tls_files(plan, on_controller=True)
+        assert files["cert"].endswith("pki/controller/client.crt") and os.path.exists(files["key"])
+        served = send(url, completion_body(plan.model_id), 5.0, 0, frontend_context(plan, on_controller=True))
+        assert served.ok and served.status == 200, served
+        anonymous = send(url, completion_body(plan.model_id), 5.0, 0, ssl.create_default_context(cafile=files["ca"]))
+        assert not anonymous.ok and anonymous.status == 0, anonymous
+        plain = send(url.replace("https", "http"), completion_body(plan.model_id), 5.0, 0)
+        assert not plain.ok, plain
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert frontend_tls_files(plan_of(), on_controller=True) == {}

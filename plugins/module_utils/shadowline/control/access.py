@@ -1,7 +1,7 @@
 """One home for "a client of this deployment": every caller (the agent, the modules, drills, the Slurm side, the
 watchdog) gets its etcd connection from here, with the deployment's credentials when it has them; and the TLS
 settings of the agents' own endpoint (``/metrics``, ``/health``: TLS with client certificates of the deployment's
-CA unless insecure), for the agent, its clients and Prometheus.
+CA unless insecure), for the agent, its clients and Prometheus; and a frontend client's TLS (gms_frontend_tls).
 
 etcd runs with role-based access unless the plan is insecure (gms_insecure: true). Identities
 (``ensure_etcd_auth`` creates them, idempotently):
@@ -168,3 +168,25 @@ def client_context(ca: str, cert: str, key: str) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=ca)
     context.load_cert_chain(cert, key)
     return context
+
+
+# -- the frontend (gms_frontend_tls) ------------------------------------------------------------------------- #
+
+def frontend_tls_files(plan: Plan, on_controller: bool = False) -> dict[str, str]:
+    """What a client of the frontend needs when it is HTTPS (gms_frontend_tls): the deployment's CA and a client
+    certificate (presented always, required with ``mutual``) - a host's own (the agent's canary, the roles'
+    waits) or the controller's (drills, status); {} when the frontend is plain HTTP."""
+    security = plan.security
+    if security is None or not security.frontend_https:
+        return {}
+    if on_controller:
+        pki = os.path.join(security.controller_path, "pki")
+        return {"ca": os.path.join(pki, "ca.crt"), "cert": os.path.join(pki, "controller", "client.crt"),
+                "key": os.path.join(pki, "controller", "client.key")}
+    return {"ca": security.ca, "cert": security.client_cert, "key": security.client_key}
+
+
+def frontend_context(plan: Plan, on_controller: bool = False) -> ssl.SSLContext | None:
+    """The TLS context of a client of the frontend (None when it is plain HTTP)."""
+    files = frontend_tls_files(plan, on_controller)
+    return client_context(files["ca"], files["cert"], files["key"]) if files else None

@@ -7,11 +7,14 @@ import json
 import os
 import queue
 import signal
+import ssl
 import threading
+import time
 from dataclasses import dataclass
 
 from ..deployment.plan import Plan
 from . import frontend
+from .access import frontend_context
 from .actions import (
     AbandonStart,
     Action,
@@ -462,7 +465,13 @@ class Executor:
     def probe(self, kind: str, cohort: int | None = None, generation: int | None = None,
               timeout: float = 2.0) -> None:
         def send() -> None:
-            request = frontend.probe(self.plan.infra.frontend_url, self.plan.model_id, timeout)
+            try:  # read at every probe: a rotated certificate counts at once
+                context = frontend_context(self.plan)
+            except (OSError, ssl.SSLError) as err:
+                now = time.time()
+                request = frontend.Request(0, now, now, 0, False, f"the frontend's TLS files: {err}")
+            else:
+                request = frontend.probe(self.plan.infra.frontend_url, self.plan.model_id, timeout, context)
             self.probes.put(ProbeResult(kind, request, cohort, generation))
             os.write(self.wake_fd, b"p")
         threading.Thread(target=send, name=f"{kind}-probe", daemon=True).start()

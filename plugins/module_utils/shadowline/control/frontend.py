@@ -4,12 +4,13 @@ Slurm supervisor and the load generators send, and how the answer is judged (HTT
 from __future__ import annotations
 
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 
-from .http import open_direct
+from .http import direct_opener
 
 PROMPT = "shadowline failover drill"
 
@@ -36,20 +37,22 @@ def completion_body(model: str, max_tokens: int = 4) -> bytes:
                        "max_tokens": max_tokens, "stream": False}).encode()
 
 
-def send(url: str, body: bytes, timeout_s: float, seq: int = 0) -> Request:
-    """One chat completion; ok means HTTP 200 with a JSON body that has ``choices``."""
-    request, _payload = exchange(url, body, timeout_s, seq)
+def send(url: str, body: bytes, timeout_s: float, seq: int = 0, context: ssl.SSLContext | None = None) -> Request:
+    """One chat completion; ok means HTTP 200 with a JSON body that has ``choices``. ``context``: the CA and
+    client certificate of an https:// frontend (control/access.py, frontend_context)."""
+    request, _payload = exchange(url, body, timeout_s, seq, context)
     return request
 
 
-def exchange(url: str, body: bytes, timeout_s: float, seq: int = 0) -> tuple[Request, str]:
+def exchange(url: str, body: bytes, timeout_s: float, seq: int = 0,
+             context: ssl.SSLContext | None = None) -> tuple[Request, str]:
     """One chat completion: the request's record and the body of the answer (or the error text)."""
     start = time.time()
     http = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body, method="POST",
                                   headers={"Content-Type": "application/json"})
     payload = b""
     try:
-        with open_direct(http, timeout_s) as response:
+        with direct_opener(context)(http, timeout_s) as response:
             payload = response.read()
             status = response.status
         try:
@@ -72,6 +75,6 @@ def exchange(url: str, body: bytes, timeout_s: float, seq: int = 0) -> tuple[Req
     return record, payload.decode("utf-8", "replace") if payload else error
 
 
-def probe(url: str, model: str, timeout_s: float = 2.0) -> Request:
+def probe(url: str, model: str, timeout_s: float = 2.0, context: ssl.SSLContext | None = None) -> Request:
     """One short completion (one token): is the deployment serving through the frontend?"""
-    return send(url, completion_body(model, 1), timeout_s, 0)
+    return send(url, completion_body(model, 1), timeout_s, 0, context)

@@ -111,7 +111,13 @@ KNOWN_VARIABLES = [
     "gms_model_allow_unpinned", "gms_model_allow_pickle", "gms_model_verify", "gms_model_hf_token_file",
     "gms_failover", "gms_slurm",
     "gms_monitoring", "gms_insecure", "gms_secrets_dir", "gms_firewall_allow", "gms_frontend_allow",
+    "gms_frontend_tls",
 ]
+# gms_frontend_tls: the OpenAI API in plain HTTP (the default), over HTTPS with the frontend host's certificate of
+# the deployment's CA, or over HTTPS that also wants a client certificate of that CA (docs/security.md).
+# (Not "off": YAML reads an unquoted off as false.)
+FRONTEND_TLS_PLAIN, FRONTEND_TLS_ON, FRONTEND_TLS_MUTUAL = "plain", "tls", "mutual"
+FRONTEND_TLS_MODES = [FRONTEND_TLS_PLAIN, FRONTEND_TLS_ON, FRONTEND_TLS_MUTUAL]
 # Shared variables must be the same on every node of a deployment.
 SHARED_VARIABLES = [v for v in KNOWN_VARIABLES if v not in ("gms_node_rank", "gms_node_address")]
 
@@ -221,6 +227,7 @@ class Contract:
     secrets_dir: str = ""  # gms_secrets_dir on the controller (absolute, ~ expanded by the controller's plugins)
     firewall_allow: tuple[str, ...] = ()  # gms_firewall_allow: more sources the host firewall lets in
     frontend_allow: tuple[str, ...] = ()  # gms_frontend_allow: who may reach the frontend (empty: anyone)
+    frontend_tls: str = FRONTEND_TLS_PLAIN  # gms_frontend_tls: plain, tls (HTTPS) or mutual (HTTPS, client certificates)
 
     @property
     def leader(self) -> Node:
@@ -301,6 +308,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
     secrets_dir = _secrets_dir(read, shared.get("gms_secrets_dir"), deployment)
     firewall_allow = _networks(read, "gms_firewall_allow", shared.get("gms_firewall_allow", []))
     frontend_allow = _networks(read, "gms_frontend_allow", shared.get("gms_frontend_allow", []))
+    frontend_tls = _frontend_tls(read, shared.get("gms_frontend_tls", FRONTEND_TLS_PLAIN), bool(insecure))
 
     socket_dir = shared.get("gms_socket_dir") or (default_socket_dir(deployment) if deployment else None)
     socket_dir = _absolute_path(read, "gms_socket_dir", socket_dir) if socket_dir else None
@@ -319,6 +327,11 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         read.problem("gms_frontend_bind", f"must be an address, got {describe(frontend_bind)}.",
                      "set it to the infra node's cluster address (or 0.0.0.0), or leave it unset for that default.")
         frontend_bind = None
+    if frontend_tls not in (None, FRONTEND_TLS_PLAIN) and frontend_bind not in (None, "0.0.0.0", "::", "127.0.0.1") \
+            and infra and frontend_bind != infra[0].address:
+        read.problem("gms_frontend_tls", f"is {frontend_tls}, but the frontend binds {frontend_bind}, which its "
+                     f"certificate does not name (it names {infra[0].host}'s address {infra[0].address}).",
+                     "leave gms_frontend_bind unset, or set it to that address or 0.0.0.0.")
 
     if engine is not None and nodes is not None:
         _check_engine_shape(read, engine, len(nodes))
@@ -337,8 +350,20 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         allow_unpinned=bool(allow_unpinned), allow_pickle=bool(allow_pickle),
         monitoring=monitoring, insecure=bool(insecure), secrets_dir=secrets_dir or "",
         firewall_allow=tuple(firewall_allow or ()), frontend_allow=tuple(frontend_allow or ()),
+        frontend_tls=frontend_tls or FRONTEND_TLS_PLAIN,
     )
     return contract, problems
+
+
+def _frontend_tls(read: Reader, value: Any, insecure: bool) -> str | None:
+    """gms_frontend_tls: plain, tls or mutual; TLS needs the deployment's CA, which gms_insecure does without."""
+    mode = read.choice("gms_frontend_tls", value, FRONTEND_TLS_MODES)
+    if mode not in (None, FRONTEND_TLS_PLAIN) and insecure:
+        read.problem("gms_frontend_tls", f"is {mode}, but gms_insecure is true: the frontend's certificate comes "
+                     "from the deployment's CA, which an insecure deployment does not have.",
+                     "set gms_insecure: false (the default), or gms_frontend_tls: plain.")
+        return None
+    return mode
 
 
 def _networks(read: Reader, name: str, value: Any) -> list[str] | None:

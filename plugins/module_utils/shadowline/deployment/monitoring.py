@@ -8,7 +8,8 @@ there is one, ``node`` and ``cohort``):
   ``dynamo_component_engine_failover_*`` metrics; headless ranks serve no metrics.
 - ``shadowline-agent``: every node's agent (``gms_ports.agent_metrics``), over TLS with the Prometheus host's
   client certificate of the deployment's CA unless insecure (control/access.py: the endpoint requires one).
-- ``shadowline-frontend``: the Dynamo frontend's HTTP port (/metrics on the OpenAI port).
+- ``shadowline-frontend``: the Dynamo frontend's HTTP port (/metrics on the OpenAI port; https with
+  gms_frontend_tls).
 - ``shadowline-etcd``: every etcd member's client port (/metrics).
 - ``shadowline-nats``: every NATS server's client port, probed by the blackbox exporter (a TCP connect that
   must read NATS's ``INFO`` greeting): NATS serves only JSON monitoring (/varz, on loopback) and Debian
@@ -88,10 +89,12 @@ def scrape_configs(plan: Plan) -> list[dict[str, Any]]:
         }
         if job == "shadowline-agent":
             config["honor_labels"] = True  # the agent's own deployment and node labels, not exported_*
-            if plan.secure and plan.security is not None:  # TLS with a client certificate of the deployment's CA
-                config["scheme"] = "https"
-                config["tls_config"] = {"ca_file": plan.security.ca, "cert_file": plan.security.client_cert,
-                                        "key_file": plan.security.client_key}
+        https = (job == "shadowline-agent" and plan.secure) or \
+            (job == "shadowline-frontend" and plan.security is not None and plan.security.frontend_https)
+        if https and plan.security is not None:  # TLS with a client certificate of the deployment's CA
+            config["scheme"] = "https"
+            config["tls_config"] = {"ca_file": plan.security.ca, "cert_file": plan.security.client_cert,
+                                    "key_file": plan.security.client_key}
         if job == "shadowline-nats":
             config["metrics_path"] = "/probe"
             config["params"] = {"module": [NATS_PROBE_MODULE]}

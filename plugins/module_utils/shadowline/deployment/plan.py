@@ -14,7 +14,17 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..backends import Backend, backend
-from .contract import CONFIG_DIR, STATE_DIR, Contract, Failover, Monitoring, Node, Ports
+from .contract import (
+    CONFIG_DIR,
+    FRONTEND_TLS_MUTUAL,
+    FRONTEND_TLS_PLAIN,
+    STATE_DIR,
+    Contract,
+    Failover,
+    Monitoring,
+    Node,
+    Ports,
+)
 from .ports import CohortPorts, cohort_ports
 
 FRONTEND_MIGRATION_LIMIT = 3
@@ -84,6 +94,15 @@ class Security:
     controller_dir: str  # gms_secrets_dir on the controller: the CA, every certificate and password
     firewall_allow: tuple[str, ...] = ()  # gms_firewall_allow: sources the host firewall lets in besides the hosts
     frontend_allow: tuple[str, ...] = ()  # gms_frontend_allow: who may reach the frontend's port (empty: anyone)
+    frontend_tls: str = FRONTEND_TLS_PLAIN  # gms_frontend_tls: plain, tls, mutual
+
+    @property
+    def frontend_https(self) -> bool:
+        return not self.insecure and self.frontend_tls != FRONTEND_TLS_PLAIN
+
+    @property
+    def frontend_mutual(self) -> bool:
+        return self.frontend_https and self.frontend_tls == FRONTEND_TLS_MUTUAL
 
     @property
     def controller_path(self) -> str:
@@ -330,7 +349,8 @@ def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str
     dirs = _Dirs(state=state_dir or STATE_DIR.format(deployment=contract.deployment),
                  config=config_dir or CONFIG_DIR.format(deployment=contract.deployment))
     security = Security(insecure=contract.insecure, dir=f"{dirs.config}/secrets", controller_dir=contract.secrets_dir,
-                        firewall_allow=contract.firewall_allow, frontend_allow=contract.frontend_allow)
+                        firewall_allow=contract.firewall_allow, frontend_allow=contract.frontend_allow,
+                        frontend_tls=FRONTEND_TLS_PLAIN if contract.insecure else contract.frontend_tls)
     infra = _infra_plan(contract, dirs, security)
     gms_servers = tuple(_gms_server(contract, node) for node in contract.nodes)
     cohorts = tuple(_cohort_plan(contract, infra, security, cohort) for cohort in range(contract.cohorts))
@@ -366,12 +386,26 @@ def _infra_plan(contract: Contract, dirs: _Dirs, security: Security) -> InfraPla
         "HF_HUB_OFFLINE": "1",
         "HOME": f"{dirs.state}/frontend",
         "SHADOWLINE_DEPLOYMENT": contract.deployment,
+        **frontend_https(security),
     }
+    scheme = "https" if security.frontend_https else "http"
     return InfraPlan(hosts=contract.infra_hosts, etcd_endpoints=etcd, nats_server=nats,
-                     frontend_url=f"http://{_reachable(contract.frontend_bind, first.address)}:{ports.frontend}",
+                     frontend_url=f"{scheme}://{_reachable(contract.frontend_bind, first.address)}:{ports.frontend}",
                      frontend=Process(host=first.host, argv=argv, env=env),
                      etcd=tuple(_etcd_member(contract, dirs, security, node) for node in contract.infra_hosts),
                      nats=tuple(_nats_server(contract, dirs, security, node) for node in contract.infra_hosts))
+
+
+def frontend_https(security: Security) -> dict[str, str]:
+    """gms_frontend_tls: the OpenAI API over HTTPS with the frontend host's server certificate, and with ``mutual``
+    a client certificate of the deployment's CA required (Dynamo 1.6.1's dynamo/frontend/frontend_args.py:
+    ``--tls-cert-path``, ``--tls-key-path``, ``--tls-client-ca-cert-path``, read from these variables)."""
+    if not security.frontend_https:
+        return {}
+    env = {"DYN_TLS_CERT_PATH": security.server_cert, "DYN_TLS_KEY_PATH": security.server_key}
+    if security.frontend_mutual:
+        env["DYN_TLS_CLIENT_CA_CERT_PATH"] = security.ca
+    return env
 
 
 def _reachable(bind: str, address: str) -> str:

@@ -17,10 +17,12 @@ import argparse
 import json
 import os
 import signal
+import ssl
 import threading
 import time
 from typing import Callable
 
+from ..control.access import client_context
 from ..control.frontend import Request, completion_body, send
 
 __all__ = ["Request", "completion_body", "read_results", "run_load", "send", "summarize"]
@@ -28,9 +30,11 @@ __all__ = ["Request", "completion_body", "read_results", "run_load", "send", "su
 
 def run_load(url: str, model: str, rate: float = 20.0, duration_s: float = 30.0, max_requests: int = 600,  # noqa: PLR0913 (over the size limits of pyproject.toml; split it when it changes next)
              timeout_s: float = 5.0, max_in_flight: int = 256, stop: threading.Event | None = None,
-             on_result: Callable[[Request], None] | None = None, max_tokens: int = 4) -> list[Request]:
+             on_result: Callable[[Request], None] | None = None, max_tokens: int = 4,
+             context: ssl.SSLContext | None = None) -> list[Request]:
     """Send ``rate`` requests per second for at most ``duration_s`` seconds and ``max_requests`` requests (or
-    until ``stop`` is set), then wait for the ones in flight. Returns every request, in order of sending."""
+    until ``stop`` is set), then wait for the ones in flight. Returns every request, in order of sending.
+    ``context``: the CA and client certificate of an https:// frontend (gms_frontend_tls)."""
     if rate <= 0 or duration_s <= 0 or max_requests <= 0:
         raise ValueError("rate, duration_s and max_requests must be positive")
     stop = stop or threading.Event()
@@ -42,7 +46,7 @@ def run_load(url: str, model: str, rate: float = 20.0, duration_s: float = 30.0,
 
     def one(seq: int) -> None:
         try:
-            result = send(url, body, timeout_s, seq)
+            result = send(url, body, timeout_s, seq, context)
         finally:
             slots.release()
         with lock:
@@ -114,7 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds before a request counts as failed")
     parser.add_argument("--out", required=True, help="JSON lines: one per request, then the summary")
     parser.add_argument("--stop-file", help="stop sending once this file exists")
+    parser.add_argument("--ca", help="an https:// frontend: the deployment's CA (gms_frontend_tls)")
+    parser.add_argument("--cert", help="an https:// frontend: the client certificate to present")
+    parser.add_argument("--key", help="an https:// frontend: the client certificate's key")
     args = parser.parse_args(argv)
+    if bool(args.ca) != bool(args.cert) or bool(args.cert) != bool(args.key):
+        parser.error("--ca, --cert and --key go together")
+    context = client_context(args.ca, args.cert, args.key) if args.ca else None
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -131,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 out.write(json.dumps(result.to_dict(), sort_keys=True) + "\n")
                 out.flush()
         requests = run_load(args.url, args.model, args.rate, args.duration, args.max_requests, args.timeout,
-                            stop=stop, on_result=record)
+                            stop=stop, on_result=record, context=context)
         with out_lock:
             out.write(json.dumps({"summary": summarize(requests)}) + "\n")
     return 0

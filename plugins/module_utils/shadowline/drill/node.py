@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from .. import console
-from ..control.access import etcd_for
+from ..control.access import etcd_for, frontend_context
 from ..control.cohort_state import leader_view, lock_holder, unit_status
 from ..control.coordination import DEAD, RUNNING, Coordination
 from ..control.etcd_client import EtcdError
@@ -169,7 +169,7 @@ def settled(plan: Plan, since: float, before: dict[str, Any], expect_failure: bo
     state = leader_views(plan).get(serving, {}).get("state")
     if state != "active":
         return f"cohort {serving} holds the lock but is {state}, not active"
-    models = http_get(f"{plan.infra.frontend_url}/v1/models", 1.0)
+    models = http_get(f"{plan.infra.frontend_url}/v1/models", 1.0, frontend_context(plan))
     if models is None or models[0] != 200 or f'"{plan.model_id}"' not in models[1]:
         return "the frontend does not list the model yet"
     return None

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..deployment.addresses import PLACEHOLDER_RE
-from ..deployment.contract import parse_contract
+from ..deployment.contract import FRONTEND_TLS_PLAIN, parse_contract
 from ..deployment.plan import CohortPlan, Plan, build_plan, shell_quote
 from ..deployment.problems import Problem
 from ..deployment.values import as_int
@@ -120,6 +120,11 @@ def build_job_plan(shared: dict[str, Any], inventory_hosts: int) -> tuple[Plan |
     hostvars, names = slurm_hostvars(shared, nnodes, node_dir)
     contract, contract_problems = parse_contract(hostvars, names, [])
     problems += [p for p in contract_problems if p.field != "gms_slurm"]
+    if contract is not None and contract.frontend_tls != FRONTEND_TLS_PLAIN:
+        problems.append(Problem("gms_frontend_tls", f"is {contract.frontend_tls}, but a Slurm job has no "
+                                "certificates of the deployment's CA yet (its control plane runs plain inside the "
+                                "allocation, docs/security.md).",
+                                "set gms_frontend_tls: plain for the Slurm job, or deploy with playbooks/site.yml."))
     if contract is None or options is None or problems:
         return None, None, problems
     # A job's etcd and NATS live inside its allocation and have no credentials yet (docs/security.md): plain, and
