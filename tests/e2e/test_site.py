@@ -503,6 +503,18 @@ def test_a_shadow_only_change_keeps_the_primary(site: Site) -> None:
     site.steps["shadow change"] = True
 
 
+def declarations_since(since: float) -> list[str]:
+    """Every agent's failure declarations and failed canaries since ``since`` (unix time), one line each."""
+    out = []
+    for host in HOSTS:
+        for line in host_sh(host, f"cat /var/lib/shadowline/{DEPLOYMENT}/events.jsonl 2>/dev/null; true").splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if event["time"] >= since and event["event"] in ("failure-declared", "canary-failed"):
+                    out.append(f"{host} {event['event']} cohort {event.get('cohort')}: {event.get('detail')}")
+    return out
+
+
 def test_frontend_over_mutual_tls(site: Site, request: pytest.FixtureRequest) -> None:
     """gms_frontend_tls: mutual restarts the frontend alone (the engines keep their pids; the agents follow the
     plan); the frontend then answers HTTPS only, refuses a client without a certificate of the deployment's CA in
@@ -513,7 +525,7 @@ def test_frontend_over_mutual_tls(site: Site, request: pytest.FixtureRequest) ->
     url = plan.infra.frontend_url
     assert url.startswith("https://"), url
     frontend_unit, infra = "shadowline-demo-frontend.service", plan.infra.frontend.host
-    before = all_unit_pids()
+    before, started = all_unit_pids(), time.time()
     run = site.site("site-4-frontend-tls", SHADOW_CHANGE, FRONTEND_TLS)
     site.timings["frontend tls"] = run.seconds
     assert run.ok(), f"site.yml with {FRONTEND_TLS} failed (rc {run.returncode}):\n{run.tail()}"
@@ -521,7 +533,8 @@ def test_frontend_over_mutual_tls(site: Site, request: pytest.FixtureRequest) ->
     assert after[infra][frontend_unit] != before[infra][frontend_unit], "the frontend did not restart"
     for host in HOSTS:
         engines = {u: p for u, p in before[host].items() if u.startswith("shadowline-demo-engine@")}
-        assert {u: after[host][u] for u in engines} == engines, f"{host}: an engine restarted"
+        assert {u: after[host][u] for u in engines} == engines, \
+            f"{host}: an engine restarted; the agents' declarations: {declarations_since(started)}"
 
     pki = Path(plan.security.controller_path) / "pki"
     address, port = url.split("//", 1)[1].rsplit(":", 1)

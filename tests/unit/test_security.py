@@ -329,3 +329,63 @@ def test_a_frontend_client_speaks_mutual_tls_with_the_deployments_certificates(t
         server.shutdown()
         server.server_close()
     assert frontend_tls_files(plan_of(), on_controller=True) == {}
+
+
+def test_a_silent_frontend_is_not_blamed_on_the_engine():
+    """frontend.unanswering (asked before every canary): a server that takes the connection and never answers
+    (a TLS frontend that a plain-HTTP client reaches) is silent; one that answers anything, even 404, is not."""
+    import socket
+    import threading
+
+    from shadowline.control.frontend import unanswering
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)  # accepts connections (the kernel's backlog) and never answers
+    answering = socket.socket()
+    answering.bind(("127.0.0.1", 0))
+    answering.listen(4)
+
+    def answer_404() -> None:
+        conn, _addr = answering.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    threading.Thread(target=answer_404, daemon=True).start()
+    try:
+        reason = unanswering(f"http://127.0.0.1:{silent.getsockname()[1]}", 0.3)
+        assert reason is not None and "/live" in reason
+        assert unanswering(f"http://127.0.0.1:{answering.getsockname()[1]}", 2.0) is None
+    finally:
+        silent.close()
+        answering.close()
+
+
+def test_an_answer_that_is_not_http_is_an_error_not_an_exception():
+    """Plain HTTP to a TLS frontend gets TLS bytes back: the completion is a failed request and the frontend
+    counts as silent; neither raises (a probe thread that raised died unheard, and its silence read as a hang)."""
+    import socket
+    import threading
+
+    from shadowline.control.frontend import completion_body, send, unanswering
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+
+    def tls_alert() -> None:
+        for _attempt in range(2):
+            conn, _addr = server.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"\x15\x03\x03\x00\x02\x02\x46")  # a TLS alert record, then close
+
+    threading.Thread(target=tls_alert, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    try:
+        answer = send(url, completion_body("m"), 2.0)
+        assert not answer.ok and answer.status == 0 and answer.error, answer
+        assert unanswering(url, 2.0) is not None
+    finally:
+        server.close()

@@ -411,7 +411,8 @@ def judge_canary(canary: Canary, view: DeploymentView, driver: DriverMemory, nod
                  now: Now) -> list[Action]:
     """A canary with no answer when HangPolicy says it waited too long (progress_stall_s), the leader's token
     counter not moved since, declares the serving generation failed (canary-unanswered). An answer that is an
-    error (no worker registered, a routing failure) is recorded, never declared: it says nothing of the engine."""
+    error (no worker registered, a routing failure, the frontend itself silent: executor.probe asks its /live
+    first) is recorded, never declared: it says nothing of the engine."""
     slot = view.slot(canary.cohort)
     if (driver.serving != canary.cohort or driver.promotion is not None or slot is None
             or slot.generation != canary.generation or slot.state != RUNNING):

@@ -465,16 +465,29 @@ class Executor:
     def probe(self, kind: str, cohort: int | None = None, generation: int | None = None,
               timeout: float = 2.0) -> None:
         def send() -> None:
-            try:  # read at every probe: a rotated certificate counts at once
-                context = frontend_context(self.plan)
-            except (OSError, ssl.SSLError) as err:
+            try:
+                request = self.probe_answer(kind, timeout)
+            except Exception as err:  # noqa: BLE001 (a probe that died unheard would read as silence: a hang)
                 now = time.time()
-                request = frontend.Request(0, now, now, 0, False, f"the frontend's TLS files: {err}")
-            else:
-                request = frontend.probe(self.plan.infra.frontend_url, self.plan.model_id, timeout, context)
+                request = frontend.Request(0, now, now, 0, False, f"the probe failed: {type(err).__name__}: {err}")
             self.probes.put(ProbeResult(kind, request, cohort, generation))
             os.write(self.wake_fd, b"p")
         threading.Thread(target=send, name=f"{kind}-probe", daemon=True).start()
+
+    def probe_answer(self, kind: str, timeout: float) -> frontend.Request:
+        """One probe's completion through the frontend (in a probe thread)."""
+        url, now = self.plan.infra.frontend_url, time.time()
+        try:  # read at every probe: a rotated certificate counts at once
+            context = frontend_context(self.plan)
+        except (OSError, ssl.SSLError) as err:
+            return frontend.Request(0, now, now, 0, False, f"the frontend's TLS files: {err}")
+        if kind == "canary":
+            # a canary's silence is a verdict on the engine only when the frontend itself answers (its /live within
+            # a third of the time the driver gives the canary); else it is an error, recorded
+            silent = frontend.unanswering(url, self.plan.failover.progress_stall_s / 3, context)
+            if silent:
+                return frontend.Request(0, now, time.time(), 0, False, silent)
+        return frontend.probe(url, self.plan.model_id, timeout, context)
 
     def take_probe_results(self) -> bool:
         """Hand the probes' answers to the driver's memory; True when a promotion probe answered."""

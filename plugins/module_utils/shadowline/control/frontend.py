@@ -9,8 +9,9 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
+from http.client import HTTPException
 
-from .http import direct_opener
+from .http import direct_opener, fetch
 
 PROMPT = "shadowline failover drill"
 
@@ -66,6 +67,8 @@ def exchange(url: str, body: bytes, timeout_s: float, seq: int = 0,
         error = payload[:160].decode("utf-8", "replace").strip()
     except TimeoutError:
         status, ok, error = 0, False, f"no answer within {timeout_s} s"
+    except HTTPException as err:  # an answer that is not HTTP (plain HTTP to a TLS frontend)
+        status, ok, error = 0, False, f"not an HTTP answer: {type(err).__name__}: {str(err)[:120]}"
     except (OSError, ValueError) as err:
         status, ok = 0, False
         reason = getattr(err, "reason", err)
@@ -73,6 +76,16 @@ def exchange(url: str, body: bytes, timeout_s: float, seq: int = 0,
     record = Request(seq=seq, start=start, end=time.time(), status=status, ok=ok, error=error,
                      end_mono=time.monotonic())
     return record, payload.decode("utf-8", "replace") if payload else error
+
+
+def unanswering(url: str, timeout_s: float, context: ssl.SSLContext | None = None) -> str | None:
+    """Why the frontend itself gives no HTTP answer (to ``/live``, any status) within ``timeout_s``; None when it
+    answers. A completion that goes unanswered says something of the engine only when the frontend answers: one
+    restarting, hung, or speaking another protocol than the client (plain HTTP against gms_frontend_tls while the
+    agents still follow the old plan) would otherwise be blamed on the serving engine."""
+    if fetch(f"{url.rstrip('/')}/live", timeout_s, context) is not None:
+        return None
+    return f"the frontend gave no HTTP answer to /live within {timeout_s:g} s"
 
 
 def probe(url: str, model: str, timeout_s: float = 2.0, context: ssl.SSLContext | None = None) -> Request:

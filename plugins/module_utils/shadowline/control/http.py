@@ -56,10 +56,10 @@ def fetch(url: str, timeout: float, context: ssl.SSLContext | None = None) -> An
     except urllib.error.HTTPError as err:
         try:
             body = err.read()
-        except OSError:
+        except (OSError, http.client.HTTPException):
             body = b""
         return Answer(err.code, body, dict(err.headers or {}))
-    except (OSError, ValueError):
+    except (OSError, ValueError, http.client.HTTPException):  # no answer, or none that is HTTP (a TLS server's alert)
         return None
 
 
