@@ -273,10 +273,9 @@ def test_frontend_tls_refusals_name_the_field(shared: dict, words: str):
 def test_a_slurm_job_refuses_frontend_tls():
     from shadowline.slurm.job import job_context
 
-    shared = {"gms_deployment": "llama", "gms_model": {"id": "meta-llama/Llama-3.3-70B-Instruct",
-                                                         "revision": "0123456789abcdef0123456789abcdef01234567"},
-              "gms_engine": {"backend": "dynamo_vllm", "tensor_parallel_size": 8, "gpus_per_node": 8},
-              "gms_frontend_tls": "tls"}
+    model = {"id": "meta-llama/Llama-3.3-70B-Instruct", "revision": "0123456789abcdef0123456789abcdef01234567"}
+    shared = {"gms_deployment": "llama", "gms_model": model, "gms_frontend_tls": "tls",
+              "gms_engine": {"backend": "dynamo_vllm", "tensor_parallel_size": 8, "gpus_per_node": 8}}
     context, problems = job_context(shared)
     assert context is None and [p.field for p in problems] == ["gms_frontend_tls"], problems
 
