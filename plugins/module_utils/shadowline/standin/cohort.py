@@ -4,7 +4,7 @@ Rendezvous: node-rank 0 listens on ``--master-addr`` only and waits for the ``nn
 ranks; each connects (retrying until it can), says hello (engine id, nnodes, TP size, its rank) and
 is welcomed or rejected with the reason. The listener closes once the cohort is complete.
 
-Collective: every ``SHADOWLINE_STANDIN_HEARTBEAT_INTERVAL`` (0.1 s) rank 0 sends step ``n`` to
+Collective: every ``SHADOWLINE_STANDIN_HEARTBEAT_INTERVAL`` (0.25 s) rank 0 sends step ``n`` to
 every peer and waits for each to echo it, which stands for the NCCL collectives of a forward pass.
 Each rank rewrites its heartbeat file ``heartbeat-engine-<id>-rank-<r>`` (content ``<step> <unix
 time>``) at every step, and rank 0 counts steps for ``/metrics``, so a watchdog outside sees a stall.
@@ -198,9 +198,8 @@ class Collective:
         self.watchdog = watchdog  # torch's NCCL watchdog, emulated (None: a collective may wait forever)
         self._watchdog_fired = False
         # a step not echoed within this long stalls the collective (and freezes generation, as a blocked step does
-        # on a real engine at once): two step intervals, not less than 0.2 s (a loaded machine's scheduling; a
-        # freeze that ends within progress_stall_s only slows generation down)
-        self.stall_after = max(0.2, 2 * interval)
+        # on a real engine at once): two step intervals, not less than 0.5 s (a loaded machine's scheduling)
+        self.stall_after = max(0.5, 2 * interval)
         self.steps = 0
         self.last_step_at: float | None = None
         self.stalled = False
