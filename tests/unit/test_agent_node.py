@@ -241,13 +241,13 @@ def test_invalid_records_are_reported_once_per_revision():
 # --- hangs ----------------------------------------------------------------------------------------------------------
 def test_leader_hung_after_health_timeout_since_its_last_200():
     r = rank(healthy_at=NOW.mono - 3.2)
-    actions = judge_rank(r, False, HealthAnswer(ok=False, at=NOW.mono), NOW, HANG, FAILOVER, None)
+    actions = judge_rank(r, False, HealthAnswer(ok=False, at=NOW.mono), NOW, HANG, None)
     assert actions == [Declare(0, 1, "leader-hung")]
 
 
 def test_leader_silent_for_less_than_the_timeout_is_judged_at_its_deadline():
     r = rank(healthy_at=NOW.mono - 1.0)
-    actions = judge_rank(r, False, HealthAnswer(ok=False, at=NOW.mono), NOW, HANG, FAILOVER, None)
+    actions = judge_rank(r, False, HealthAnswer(ok=False, at=NOW.mono), NOW, HANG, None)
     assert actions == [WakeAt(NOW.mono + 2.0)]
     assert health_probe_timeout(r, HANG, NOW) == 0.5
     assert abs(health_probe_timeout(rank(healthy_at=NOW.mono - 2.9), HANG, NOW) - 0.1) < 1e-6
@@ -256,12 +256,12 @@ def test_leader_silent_for_less_than_the_timeout_is_judged_at_its_deadline():
 def test_slow_start_is_not_a_hang():
     """A leader that never answered 200 since its start (loading weights: 503 or nothing) is not judged."""
     loading = rank(healthy_at=None)
-    assert judge_rank(loading, False, HealthAnswer(ok=False, at=NOW.mono), at(600), HANG, FAILOVER, None) == []
+    assert judge_rank(loading, False, HealthAnswer(ok=False, at=NOW.mono), at(600), HANG, None) == []
 
 
 def test_healthy_answer_is_remembered():
     r = rank(healthy_at=NOW.mono - 2.9)
-    assert judge_rank(r, False, HealthAnswer(ok=True, at=NOW.mono), NOW, HANG, FAILOVER, None) == [
+    assert judge_rank(r, False, HealthAnswer(ok=True, at=NOW.mono), NOW, HANG, None) == [
         MarkHealthy(0, NOW.mono)]
 
 
@@ -278,24 +278,24 @@ def test_generation_stalled_from_vllms_progress_metrics_names_the_culprit():
     """Requests running, vLLM's token counter still for more than progress_stall_s, /health 200 all along (a
     worker rank stuck in a collective: vllm#16259): the leader's generation is declared stalled, the evidence
     names the signal, the node and what was seen."""
-    actions = judge_rank(generating(3.5), ProgressSample(70.0, 2.0), OK, NOW, HANG, FAILOVER, None)
+    actions = judge_rank(generating(3.5), ProgressSample(70.0, 2.0), OK, NOW, HANG, None)
     declare = actions[-1]
     assert declare == Declare(0, 1, "generation-stalled")
     assert declare.evidence["signal"] == "progress" and declare.evidence["culprit_node"] == "node0"
     assert "no token generated for 3.5 s" in declare.evidence["evidence"]
     assert kinds(actions) == ["NoteProgress", "MarkHealthy", "Declare"]
-    assert kinds(judge_rank(generating(1.0), ProgressSample(70.0, 2.0), OK, NOW, HANG, FAILOVER, None)) == [
+    assert kinds(judge_rank(generating(1.0), ProgressSample(70.0, 2.0), OK, NOW, HANG, None)) == [
         "NoteProgress", "MarkHealthy"]
 
 
 def test_tokens_moving_idle_or_a_restarted_counter_is_never_a_stall():
-    moved = judge_rank(generating(30.0), ProgressSample(71.0, 2.0), OK, NOW, HANG, FAILOVER, None)
+    moved = judge_rank(generating(30.0), ProgressSample(71.0, 2.0), OK, NOW, HANG, None)
     assert moved[0] == NoteProgress(0, Observation(71.0, NOW.mono, True), NOW.mono) and "Declare" not in kinds(moved)
-    idle = judge_rank(generating(30.0), ProgressSample(70.0, 0.0), OK, NOW, HANG, FAILOVER, None)
+    idle = judge_rank(generating(30.0), ProgressSample(70.0, 0.0), OK, NOW, HANG, None)
     assert "Declare" not in kinds(idle)  # nothing running: only a canary finds an idle hang
-    reset = judge_rank(generating(30.0), ProgressSample(5.0, 1.0), OK, NOW, HANG, FAILOVER, None)
+    reset = judge_rank(generating(30.0), ProgressSample(5.0, 1.0), OK, NOW, HANG, None)
     assert "Declare" not in kinds(reset)
-    first = judge_rank(rank(healthy_at=NOW.mono - 0.1), ProgressSample(70.0, 3.0), OK, NOW, HANG, FAILOVER, None)
+    first = judge_rank(rank(healthy_at=NOW.mono - 0.1), ProgressSample(70.0, 3.0), OK, NOW, HANG, None)
     assert first[0] == NoteProgress(0, Observation(70.0, NOW.mono, True), NOW.mono)
 
 
@@ -303,7 +303,7 @@ def test_requests_that_just_started_get_the_whole_stall_time():
     """The counter stood still while idle; requests start: their clock starts now, not when the counter last
     moved (a long idle period is no stall)."""
     idle_long = generating(600.0, running=False)
-    actions = judge_rank(idle_long, ProgressSample(70.0, 1.0), OK, NOW, HANG, FAILOVER, None)
+    actions = judge_rank(idle_long, ProgressSample(70.0, 1.0), OK, NOW, HANG, None)
     assert actions[0] == NoteProgress(0, Observation(70.0, NOW.mono, True), NOW.mono)
     assert "Declare" not in kinds(actions)
 
@@ -311,14 +311,14 @@ def test_requests_that_just_started_get_the_whole_stall_time():
 def test_metrics_not_read_or_without_progress_metrics_judge_health_only():
     """``False``: not read this time (or no answer): the observation is kept. ``None``: the engine has no progress
     metrics (not vLLM, still starting): noted as none."""
-    assert judge_rank(generating(30.0), False, OK, NOW, HANG, FAILOVER, None) == [MarkHealthy(0, NOW.mono)]
-    assert judge_rank(generating(30.0), None, OK, NOW, HANG, FAILOVER, None) == [
+    assert judge_rank(generating(30.0), False, OK, NOW, HANG, None) == [MarkHealthy(0, NOW.mono)]
+    assert judge_rank(generating(30.0), None, OK, NOW, HANG, None) == [
         NoteProgress(0, None, NOW.mono), MarkHealthy(0, NOW.mono)]
 
 
 def test_hung_leader_evidence_names_health():
     r = rank(healthy_at=NOW.mono - 3.2)
-    (declare,) = judge_rank(r, False, HealthAnswer(ok=False, at=NOW.mono), NOW, HANG, FAILOVER, None)
+    (declare,) = judge_rank(r, False, HealthAnswer(ok=False, at=NOW.mono), NOW, HANG, None)
     assert declare.reason == "leader-hung" and declare.evidence["signal"] == "health"
     assert declare.evidence["evidence"].startswith("/health gave no 200 for 3.2 s")
 
@@ -328,16 +328,16 @@ def test_a_wall_clock_step_neither_fakes_a_hang_nor_hides_one():
     for step in (+5.0, -5.0):
         stepped = Now(wall=NOW.wall + step, mono=NOW.mono + 0.2)
         leader = rank(healthy_at=NOW.mono - 0.1)
-        assert judge_rank(leader, False, HealthAnswer(ok=True, at=stepped.mono), stepped, HANG, FAILOVER,
+        assert judge_rank(leader, False, HealthAnswer(ok=True, at=stepped.mono), stepped, HANG,
                           None) == [MarkHealthy(0, stepped.mono)]
         still = ProgressSample(70.0, 2.0)
-        assert "Declare" not in kinds(judge_rank(generating(1.0), still, OK, stepped, HANG, FAILOVER, None))
+        assert "Declare" not in kinds(judge_rank(generating(1.0), still, OK, stepped, HANG, None))
         late = Now(wall=NOW.wall + step, mono=NOW.mono + 2.6)
-        assert judge_rank(generating(1.0), still, OK, late, HANG, FAILOVER, None)[-1] == Declare(
+        assert judge_rank(generating(1.0), still, OK, late, HANG, None)[-1] == Declare(
             0, 1, "generation-stalled")  # 3.6 s still on the monotonic clock, whatever the wall says
     silent = rank(healthy_at=NOW.mono - 0.1)
     jump = Now(wall=NOW.wall + 5.0, mono=NOW.mono + 0.3)
-    assert judge_rank(silent, False, HealthAnswer(ok=False, at=jump.mono), jump, HANG, FAILOVER, None) == [
+    assert judge_rank(silent, False, HealthAnswer(ok=False, at=jump.mono), jump, HANG, None) == [
         WakeAt(NOW.mono - 0.1 + 3.0)]  # 0.4 s without a 200, not 5.4
 
 
@@ -345,16 +345,16 @@ def test_an_etcd_outage_stops_the_stall_clock_and_tears_nothing_down():
     """Fault matrix row 2b: Dynamo's engines wait on etcd too, so a counter still while etcd is away is no hang:
     each sample starts the clock afresh, nothing is declared or torn down; once etcd answers, a stall is judged
     from then."""
-    isolated = judge_rank(generating(30.0), ProgressSample(70.0, 1.0), OK, NOW, HANG, FAILOVER,
+    isolated = judge_rank(generating(30.0), ProgressSample(70.0, 1.0), OK, NOW, HANG,
                           etcd_lost_since=NOW.mono - 30)
     assert kinds(isolated) == ["NoteProgress", "MarkHealthy"]
     assert isolated[0].observation == Observation(70.0, NOW.mono, True)  # the clock restarted
     back = rank(healthy_at=NOW.mono, progress=isolated[0].observation)
     later = at(2.0)
-    still = judge_rank(back, ProgressSample(70.0, 1.0), HealthAnswer(True, later.mono), later, HANG, FAILOVER, None)
+    still = judge_rank(back, ProgressSample(70.0, 1.0), HealthAnswer(True, later.mono), later, HANG, None)
     assert "Declare" not in kinds(still)  # 2 s since etcd returned, under progress_stall_s 3
     late = at(3.5)
-    stalled = judge_rank(back, ProgressSample(70.0, 1.0), HealthAnswer(True, late.mono), late, HANG, FAILOVER, None)
+    stalled = judge_rank(back, ProgressSample(70.0, 1.0), HealthAnswer(True, late.mono), late, HANG, None)
     assert kinds(stalled)[-1] == "Declare" and "TearDown" not in kinds(stalled)
 
 
@@ -374,12 +374,12 @@ def test_the_stall_setting_keeps_long_prefills_and_slow_engines_alone():
     default = Failover(**{**FAILOVER.__dict__, "progress_stall_s": 60.0})
     prefill = rank(healthy_at=NOW.mono - 0.1, progress=Observation(70.0, NOW.mono - 45.0, True))
     assert "Declare" not in kinds(judge_rank(prefill, ProgressSample(70.0, 1.0), OK, NOW, HangPolicy.of(default),
-                                             default, None))
+                                             None))
     slow = rank(healthy_at=NOW.mono - 0.1)
     for i in range(20):
         now = at(2.9 * i)
         actions = judge_rank(slow, ProgressSample(70.0 + i, 1.0), HealthAnswer(True, now.mono), now, HANG,
-                             FAILOVER, None)
+                             None)
         assert "Declare" not in kinds(actions)
         slow.progress = actions[0].observation
 

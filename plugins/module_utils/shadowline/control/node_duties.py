@@ -208,7 +208,7 @@ def progress_due(rank: LocalRank, hang: HangPolicy, now: Now) -> bool:
 
 
 def judge_rank(rank: LocalRank, sample: ProgressSample | None | bool, health: HealthAnswer | None, now: Now,
-               hang: HangPolicy, failover: Failover, etcd_lost_since: float | None) -> list[Action]:
+               hang: HangPolicy, etcd_lost_since: float | None) -> list[Action]:
     """A leader's signals, as real engines give them (docs/detection.md): hung (no 200 from /health for
     health_timeout_s since the last one) or its generation stalled (requests running and vLLM's token counter
     still for progress_stall_s: a rank stuck in a collective, wherever it runs, stops the leader's steps).
@@ -362,7 +362,7 @@ class NodeDuties:
                 if sample is False:
                     self.execute([NoteProgress(rank.cohort, rank.progress, now.mono)])  # asked; try next period
             now = Now.read()  # after the probes: they may have waited for their timeouts
-            self.execute(judge_rank(rank, sample, health, now, self.hang, self.failover, self.memory.etcd_lost_since))
+            self.execute(judge_rank(rank, sample, health, now, self.hang, self.memory.etcd_lost_since))
 
     def on_gpu_faults(self, faults: list[GpuFault], view: DeploymentView | None, now: Now) -> None:
         active = view.active if view is not None else None
