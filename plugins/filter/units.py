@@ -12,6 +12,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.access import (
     agent_url,
     frontend_tls_files,
+    host_tls_files,
 )
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import firewall, units
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
@@ -51,9 +52,7 @@ def agent_endpoint(plan: dict[str, Any], host: str) -> dict[str, Any]:
     typed = Plan.from_dict(plan)
     if host not in typed.hosts:
         raise AnsibleFilterError(f"shadowline.gms.agent_endpoint: {host} is not a node of {typed.deployment}")
-    security = typed.security if typed.secure else None
-    tls = {"ca": security.ca, "cert": security.client_cert, "key": security.client_key} if security else {}
-    return {"url": agent_url(typed, host), "tls": tls}
+    return {"url": agent_url(typed, host), "tls": host_tls_files(typed)}
 
 
 def frontend_endpoint(plan: dict[str, Any], where: str = "host") -> dict[str, Any]:

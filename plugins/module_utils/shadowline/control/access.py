@@ -162,6 +162,15 @@ def agent_server_context(plan: Plan) -> ssl.SSLContext | None:
     return context
 
 
+def host_tls_files(plan: Plan) -> dict[str, str]:
+    """The client TLS files every host of the deployment has (the CA, its client certificate and key); {} when the
+    plan is insecure."""
+    security = plan.security
+    if not plan.secure or security is None:
+        return {}
+    return {"ca": security.ca, "cert": security.client_cert, "key": security.client_key}
+
+
 def client_context(ca: str, cert: str, key: str) -> ssl.SSLContext:
     """A client of the deployment's TLS endpoints: trusts its CA, presents ``cert``; the host name is checked
     against the certificate's addresses."""
@@ -183,7 +192,7 @@ def frontend_tls_files(plan: Plan, on_controller: bool = False) -> dict[str, str
         pki = os.path.join(security.controller_path, "pki")
         return {"ca": os.path.join(pki, "ca.crt"), "cert": os.path.join(pki, "controller", "client.crt"),
                 "key": os.path.join(pki, "controller", "client.key")}
-    return {"ca": security.ca, "cert": security.client_cert, "key": security.client_key}
+    return host_tls_files(plan)
 
 
 def frontend_context(plan: Plan, on_controller: bool = False) -> ssl.SSLContext | None:
