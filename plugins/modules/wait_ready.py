@@ -137,7 +137,7 @@ def main() -> None:
     p = module.params
     if p["url"]:
         tls = p["tls"] or {}
-        context = client_context(tls["ca"], tls["cert"], tls["key"]) if tls.get("cert") else None
+        context = client_context(tls["ca"], tls.get("cert"), tls.get("key")) if tls.get("ca") else None
         check = http_check(p["url"], p["status_code"], context=context)
     elif p["path_glob"]:
         check = files_check(p["path_glob"], p["count"])

@@ -288,7 +288,7 @@ def test_a_frontend_client_speaks_mutual_tls_with_the_deployments_certificates(t
     import ssl
     import threading
 
-    from shadowline.control.access import frontend_context, frontend_tls_files
+    from shadowline.control.access import client_context, frontend_context, frontend_tls_files
     from shadowline.control.frontend import completion_body, send
 
     pytest.importorskip("cryptography")
@@ -320,7 +320,7 @@ def test_a_frontend_client_speaks_mutual_tls_with_the_deployments_certificates(t
         assert files["cert"].endswith("pki/controller/client.crt") and os.path.exists(files["key"])
         served = send(url, completion_body(plan.model_id), 5.0, 0, frontend_context(plan, on_controller=True))
         assert served.ok and served.status == 200, served
-        anonymous = send(url, completion_body(plan.model_id), 5.0, 0, ssl.create_default_context(cafile=files["ca"]))
+        anonymous = send(url, completion_body(plan.model_id), 5.0, 0, client_context(files["ca"]))  # the CA only
         assert not anonymous.ok and anonymous.status == 0, anonymous
         plain = send(url.replace("https", "http"), completion_body(plan.model_id), 5.0, 0)
         assert not plain.ok, plain

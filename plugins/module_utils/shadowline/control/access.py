@@ -171,11 +171,12 @@ def host_tls_files(plan: Plan) -> dict[str, str]:
     return {"ca": security.ca, "cert": security.client_cert, "key": security.client_key}
 
 
-def client_context(ca: str, cert: str, key: str) -> ssl.SSLContext:
-    """A client of the deployment's TLS endpoints: trusts its CA, presents ``cert``; the host name is checked
-    against the certificate's addresses."""
+def client_context(ca: str, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
+    """A client of the deployment's TLS endpoints: trusts its CA, presents ``cert`` when given; the host name is
+    checked against the certificate's addresses."""
     context = ssl.create_default_context(cafile=ca)
-    context.load_cert_chain(cert, key)
+    if cert:
+        context.load_cert_chain(cert, key)
     return context
 
 
