@@ -6,7 +6,8 @@ agent's metrics port and etcd's and NATS's ports are open too. Each host gets on
 deployment (``inet shadowline_<deployment>``) that drops a connection to those ports from any address that is not
 one of the deployment's nodes, infra hosts, its monitoring host, loopback, or ``gms_firewall_allow``. The frontend's
 port is open to anyone, or, with ``gms_frontend_allow``, to those sources and the deployment's own. A oneshot
-unit (``shadowline-<deployment>-firewall.service``) loads the table at boot and deletes it when stopped, so teardown removes it with the other units.
+unit (``shadowline-<deployment>-firewall.service``) loads the table at boot and deletes it when stopped, so
+teardown removes it with the other units.
 """
 
 from __future__ import annotations

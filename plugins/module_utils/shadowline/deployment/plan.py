@@ -350,7 +350,7 @@ def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str
                  config=config_dir or CONFIG_DIR.format(deployment=contract.deployment))
     security = Security(insecure=contract.insecure, dir=f"{dirs.config}/secrets", controller_dir=contract.secrets_dir,
                         firewall_allow=contract.firewall_allow, frontend_allow=contract.frontend_allow,
-                        frontend_tls=FRONTEND_TLS_PLAIN if contract.insecure else contract.frontend_tls)
+                        frontend_tls=contract.frontend_tls)  # Security.frontend_https: never when insecure
     infra = _infra_plan(contract, dirs, security)
     gms_servers = tuple(_gms_server(contract, node) for node in contract.nodes)
     cohorts = tuple(_cohort_plan(contract, infra, security, cohort) for cohort in range(contract.cohorts))
