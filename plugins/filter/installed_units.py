@@ -23,7 +23,7 @@ def _unit_of(path: str) -> str:
 def _engine_cohort(plan: Plan, unit: str) -> int | None:
     """The cohort whose engine unit this is (by the plan's unit-name rule), or None."""
     _unused, at, instance = unit.partition("@")
-    cohort = instance.removesuffix(".service")
+    cohort = instance[:-len(".service")] if instance.endswith(".service") else instance
     if not at or not cohort.isdigit() or plan.unit_name("engine", int(cohort)) != unit:
         return None
     return int(cohort)

@@ -111,7 +111,7 @@ class AgentMetrics:
     # --- what the agent did --------------------------------------------------------------------------------------
     def count(self, name: str, reason: str = "") -> None:
         """Add one to counter ``name`` (a key of COUNTERS, with or without ``_total``); ``reason`` for detections."""
-        name = name.removesuffix("_total")
+        name = name[:-len("_total")] if name.endswith("_total") else name
         labels = dict(self.constant, reason=reason) if name == "detections" else self.constant
         self.counters[name].labels(**labels).inc()
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import http.client
 import ssl
+import typing
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -23,7 +23,7 @@ def open_direct(request: urllib.request.Request | str, timeout: float) -> http.c
     return _DIRECT.open(request, timeout=timeout)
 
 
-Opener = Callable[[urllib.request.Request, float], http.client.HTTPResponse]
+Opener = typing.Callable[[urllib.request.Request, float], http.client.HTTPResponse]
 
 
 def direct_opener(context: ssl.SSLContext | None = None, *handlers: urllib.request.BaseHandler) -> Opener:

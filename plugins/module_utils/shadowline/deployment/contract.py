@@ -497,7 +497,7 @@ def _parse_source(read: Reader, source: Any) -> str | None:
     try:
         return parse_source(source, "").uri
     except SpecError as err:
-        read.problem("gms_model.source", err.message.removeprefix("gms_model.source ").rstrip(".") + ".",
+        read.problem("gms_model.source", err.message.replace("gms_model.source ", "", 1).rstrip(".") + ".",
                      err.fix or "use hf://<repo>, file:///<path> or rsync://<host>/<path>.")
         return None
 

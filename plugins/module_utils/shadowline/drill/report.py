@@ -30,12 +30,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Dict
 
 from ..control.lock import parse_holder
 from .faults import FAULTS, Fault
 
-Evidence = dict[str, Any]
+Evidence = Dict[str, Any]
 
 # Events shown in the timeline, and how (None: not shown).
 TIMELINE_EVENTS = {
@@ -84,7 +84,7 @@ def fault_time(evidence: Evidence) -> float:
     return float(cut.get("down") or fault["injected_at"])
 
 
-Event = dict[str, Any]
+Event = Dict[str, Any]
 
 
 @dataclass(frozen=True)

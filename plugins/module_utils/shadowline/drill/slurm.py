@@ -234,6 +234,6 @@ def report(fault: str, job: dict[str, Any], plan: Plan, failed: int, step_id: st
         "orphans": orphans,
         "relaunch_started_s": since(relaunched), "relaunch_s": since(watcher.parked),
         "nodes": reports,
-        "events": [{k: e[k] for k in ("time", "node", "cohort", "generation", "event")} | {"detail": e["detail"]}
+        "events": [{**{k: e[k] for k in ("time", "node", "cohort", "generation", "event")}, "detail": e["detail"]}
                    for e in events],
     }

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
-from collections.abc import Callable
+import typing
 
 from .errors import SourceError, VerifyError
 from .hashing import FileDigest, copy_and_hash, default_workers, file_kind, map_files
@@ -27,7 +27,7 @@ from .verify import list_files
 NAME = "file"
 REUSES_PARTIAL = False  # non-journaled files in a staging dir are copied again
 
-DoneCallback = Callable[[RemoteFile, FileDigest], None]
+DoneCallback = typing.Callable[[RemoteFile, FileDigest], None]
 
 
 def part_path(dst: str) -> str:

@@ -14,6 +14,7 @@ import inspect
 import os
 import socket
 import sys
+import typing
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -29,7 +30,7 @@ REUSES_PARTIAL = True  # huggingface_hub skips files it already completed in loc
 DEFAULT_WORKERS = 8
 MIN_VERSION = "0.23"
 
-DoneCallback = Callable[[RemoteFile, FileDigest], None]
+DoneCallback = typing.Callable[[RemoteFile, FileDigest], None]
 
 
 def _hub() -> Any:

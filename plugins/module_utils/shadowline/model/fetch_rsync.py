@@ -18,7 +18,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Callable
+import typing
 
 from .errors import MissingDependencyError, SourceError
 from .hashing import FileDigest, default_workers, hash_file, map_files
@@ -34,7 +34,7 @@ PARTIAL_DIR = ".rsync-partial"
 IO_TIMEOUT_S = 300
 CONNECT_TIMEOUT_S = 30
 
-DoneCallback = Callable[[RemoteFile, FileDigest], None]
+DoneCallback = typing.Callable[[RemoteFile, FileDigest], None]
 
 _LIST_RE = re.compile(r"^([-dlcbps])[-rwxsStTl+.]{9}\S*\s+([\d,.]+)\s+\d{4}/\d\d/\d\d\s+\d\d:\d\d:\d\d\s(.+)$")
 _PROGRESS_RE = re.compile(rb"^\s*([\d,]+)\s+\d+%")

@@ -11,6 +11,7 @@ import hashlib
 import os
 import stat
 import threading
+import typing
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 BUF_SIZE = 8 << 20  # 8 MiB reads: few syscalls, still cache friendly
 GIT_BLOB_MAX = 64 << 20  # git sha1 is only checked for small (non-LFS) files
 
-ByteCallback = Callable[[int], None]
+ByteCallback = typing.Callable[[int], None]
 
 
 class _Counters:

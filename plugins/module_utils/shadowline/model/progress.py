@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import typing
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -51,7 +52,7 @@ class ProgressReport:
         return data
 
 
-ProgressCallback = Callable[[ProgressReport], None]
+ProgressCallback = typing.Callable[[ProgressReport], None]
 
 
 def _duration(seconds: float) -> str:

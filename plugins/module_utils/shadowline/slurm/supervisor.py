@@ -252,7 +252,7 @@ class Supervisor:
         self.launch("etcd")
         self.wait_ready("etcd", http_check(infra.etcd_endpoints.split(",")[0] + "/health"), 60)
         self.launch("nats")
-        host, port = infra.nats_server.split(",")[0].removeprefix("nats://").rsplit(":", 1)
+        host, port = infra.nats_server.split(",")[0].split("://")[-1].rsplit(":", 1)
         self.wait_ready("nats", lambda: None if _connects(host, int(port)) else f"NATS {host}:{port} refused", 60)
         self.launch("frontend")
         self.wait_ready("frontend", http_check(infra.frontend_url + "/health"), timeout)

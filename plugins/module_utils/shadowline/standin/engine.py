@@ -132,7 +132,7 @@ def configure(args: argparse.Namespace) -> Config:
                f"{local} fake GPU UUID(s), it lists {len(uuids)}")
     uuids = uuids[:local] if len(uuids) >= local else [f"cpu{i}" for i in range(local)]
     endpoint = args.endpoint
-    parts = (endpoint or "dyn://dynamo.backend.generate").removeprefix("dyn://").split(".")
+    parts = (endpoint or "dyn://dynamo.backend.generate").split("://")[-1].split(".")
     return Config(
         model=os.path.abspath(args.model),
         name=(args.served_model_name or [args.model])[0],

@@ -18,7 +18,7 @@ from typing import Callable
 
 log = logging.getLogger("shadowline.standin.system")
 
-HealthFn = Callable[[], tuple[int, dict]]
+HealthFn = Callable[[], "tuple[int, dict]"]
 MetricsFn = Callable[[], str]
 ProxyFn = Callable[[str], "tuple[int, dict[str, str], bytes] | None"]
 
