@@ -187,3 +187,49 @@ def test_plain_addresses_pass(value):
     hv, hosts = hostvars(1)
     hv["node0"]["gms_node_address"] = value
     assert parse_contract(hv, hosts)[1] == []
+
+
+# -- platforms (issue #16) ------------------------------------------------------------------------------------ #
+def _platform(id_: str, version: str, python=(3, 11, 2), pretty: str = "") -> dict:
+    return {"id": id_, "version_id": version, "pretty_name": pretty, "python": list(python)}
+
+
+@pytest.mark.parametrize("platform", [_platform("debian", "12"), _platform("ubuntu", "24.04")])
+def test_supported_platforms_pass_as_nodes_and_infra(platform):
+    assert preflight(facts(platform=platform)) == []
+
+
+def test_an_unsupported_distribution_is_named_with_what_is_supported():
+    (msg,) = preflight(facts(platform=_platform("rocky", "9.4", pretty="Rocky Linux 9.4 (Blue Onyx)")))
+    assert msg.startswith("(platform) (host node0): the host runs Rocky Linux 9.4 (Blue Onyx), which shadowline "
+                          "does not support as an infra host (etcd, NATS, the frontend); supported: Debian 12, "
+                          "Ubuntu 24.04.")  # node0 is also the infra host here (gms_infra empty)
+
+
+def test_ubuntu_2204_carries_gpu_nodes_but_not_the_infra():
+    hv, hosts = hostvars(2)
+    infra_vars = {"ansible_host": "198.18.0.30"}
+    hv["infra0"] = {**hv["node0"], **infra_vars}
+    del hv["infra0"]["gms_node_rank"]
+    jammy = facts(platform=_platform("ubuntu", "22.04", pretty="Ubuntu 22.04.4 LTS"))
+    result = run_preflight(hv, hosts, ["infra0"], {"node0": jammy, "node1": jammy, "infra0": jammy})
+    assert [(p.field, p.host) for p in result.problems] == [("gms_infra", "infra0")], result.problems
+    assert "etcd-server is 3.3" in result.problems[0].message
+
+
+def test_a_python_older_than_38_is_refused():
+    (msg,) = preflight(facts(platform=_platform("debian", "12", python=(3, 6, 8))))
+    assert msg.startswith("ansible_python_interpreter (host node0): the node's Python is 3.6.8;")
+
+
+def test_gms_binaries_are_absolute_paths_and_reach_the_plan():
+    assert problems_of(gms_binaries={"etcd": "etcd"}) == [
+        "gms_binaries.etcd: must be an absolute path without spaces, got the string 'etcd'. Fix: set "
+        "gms_binaries.etcd to an absolute path such as /usr/bin/etcd."]
+    assert problems_of(gms_binaries={"etcdd": "/opt/etcd/etcd"})[0].startswith("gms_binaries.etcdd: is not a known key.")
+    hv, hosts = hostvars(1, gms_binaries={"etcd": "/opt/etcd-v3.5.17/etcd"})
+    result = run_preflight(hv, hosts, [], {h: facts() for h in hosts})
+    assert result.plan is not None
+    argv = {p["argv"][0] for p in result.plan.to_dict()["infra"]["etcd"]} | {
+        p["argv"][0] for p in result.plan.to_dict()["infra"]["nats"]}
+    assert argv == {"/opt/etcd-v3.5.17/etcd", "/usr/sbin/nats-server"}

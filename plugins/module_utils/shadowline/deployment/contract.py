@@ -87,6 +87,9 @@ DEFAULT_MONITORING: dict[str, Any] = {
 }
 MONITORING_MODES = ["server", "targets", "none"]
 DEFAULT_COHORTS = 2
+# Where the infra hosts' servers are (gms_binaries): the paths of Debian's and Ubuntu's etcd-server and nats-server
+# packages; another packaging (or a binary from upstream's releases) sets them (docs/gpu-cluster.md, Platforms).
+DEFAULT_BINARIES: dict[str, str] = {"etcd": "/usr/bin/etcd", "nats_server": "/usr/sbin/nats-server"}
 DEFAULT_PYTHON = "/opt/shadowline/{deployment}/venv/bin/python"
 STATE_DIR = "/var/lib/shadowline/{deployment}"  # etcd and NATS data, the frontend's HOME, event logs
 CONFIG_DIR = "/etc/shadowline/{deployment}"
@@ -111,7 +114,7 @@ KNOWN_VARIABLES = [
     "gms_model_allow_unpinned", "gms_model_allow_pickle", "gms_model_verify", "gms_model_hf_token_file",
     "gms_failover", "gms_slurm",
     "gms_monitoring", "gms_insecure", "gms_secrets_dir", "gms_firewall_allow", "gms_frontend_allow",
-    "gms_frontend_tls",
+    "gms_frontend_tls", "gms_binaries",
 ]
 # gms_frontend_tls: the OpenAI API in plain HTTP (the default), over HTTPS with the frontend host's certificate of
 # the deployment's CA, or over HTTPS that also wants a client certificate of that CA (docs/security.md).
@@ -166,6 +169,12 @@ class Memory:
     weights_gib: float | None
     kv_reserve_gib: float
     engine_overhead_gib: float
+
+
+@dataclass(frozen=True)
+class Binaries:
+    etcd: str = DEFAULT_BINARIES["etcd"]
+    nats_server: str = DEFAULT_BINARIES["nats_server"]
 
 
 @dataclass(frozen=True)
@@ -228,6 +237,7 @@ class Contract:
     firewall_allow: tuple[str, ...] = ()  # gms_firewall_allow: more sources the host firewall lets in
     frontend_allow: tuple[str, ...] = ()  # gms_frontend_allow: who may reach the frontend (empty: anyone)
     frontend_tls: str = FRONTEND_TLS_PLAIN  # gms_frontend_tls: plain, tls (HTTPS) or mutual (HTTPS, client certificates)
+    binaries: Binaries = Binaries()  # gms_binaries: the etcd and nats-server executables on the infra hosts
 
     @property
     def leader(self) -> Node:
@@ -309,6 +319,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
     firewall_allow = _networks(read, "gms_firewall_allow", shared.get("gms_firewall_allow", []))
     frontend_allow = _networks(read, "gms_frontend_allow", shared.get("gms_frontend_allow", []))
     frontend_tls = _frontend_tls(read, shared.get("gms_frontend_tls", FRONTEND_TLS_PLAIN), bool(insecure))
+    binaries = _parse_binaries(read, shared.get("gms_binaries"))
 
     socket_dir = shared.get("gms_socket_dir") or (default_socket_dir(deployment) if deployment else None)
     socket_dir = _absolute_path(read, "gms_socket_dir", socket_dir) if socket_dir else None
@@ -350,7 +361,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         allow_unpinned=bool(allow_unpinned), allow_pickle=bool(allow_pickle),
         monitoring=monitoring, insecure=bool(insecure), secrets_dir=secrets_dir or "",
         firewall_allow=tuple(firewall_allow or ()), frontend_allow=tuple(frontend_allow or ()),
-        frontend_tls=frontend_tls or FRONTEND_TLS_PLAIN,
+        frontend_tls=frontend_tls or FRONTEND_TLS_PLAIN, binaries=binaries or Binaries(),
     )
     return contract, problems
 
@@ -568,6 +579,14 @@ def _parse_ports(read: Reader, value: Any) -> Ports | None:
     return Ports(**parsed)
 
 
+def _parse_binaries(read: Reader, value: Any) -> Binaries | None:
+    values = read.mapping("gms_binaries", value, DEFAULT_BINARIES)
+    paths = {key: _absolute_path(read, f"gms_binaries.{key}", values[key]) for key in DEFAULT_BINARIES}
+    if any(path is None for path in paths.values()):
+        return None
+    return Binaries(**paths)  # type: ignore[arg-type]
+
+
 def _parse_memory(read: Reader, value: Any) -> Memory | None:
     values = read.mapping("gms_memory", value, DEFAULT_MEMORY)
     gpu = read.number("gms_memory.gpu_memory_gib", values["gpu_memory_gib"], 0.001) if values["gpu_memory_gib"] is not None else None
@@ -689,6 +708,8 @@ PATH_EXAMPLES = {
     "gms_lock_path": "/run/shadowline/<deployment>/gms/failover.lock",
     "gms_python": "/opt/shadowline/<deployment>/venv/bin/python",
     "gms_model.local_dir": "/var/lib/shadowline/models/<name>/<revision>",
+    "gms_binaries.etcd": DEFAULT_BINARIES["etcd"],
+    "gms_binaries.nats_server": DEFAULT_BINARIES["nats_server"],
 }
 
 

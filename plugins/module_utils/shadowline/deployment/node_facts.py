@@ -9,6 +9,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 from typing import Any
 
 from ..backends import BACKENDS
@@ -31,7 +32,23 @@ def gather(deployment: str | None, lock_path: str | None, python: str | None, ba
         "gpus": nvidia_gpus(),
         "python": python_facts(python, backend) if python else None,
         "manifest_weight_bytes": manifest_weight_bytes(model_dir) if model_dir else None,
+        "platform": platform_facts(),
     }
+
+
+def platform_facts(os_release: str = "/etc/os-release") -> dict[str, Any]:
+    """The distribution (os-release's ID, VERSION_ID, PRETTY_NAME) and the Python that runs the modules."""
+    fields: dict[str, str] = {}
+    try:
+        with open(os_release, encoding="utf-8") as handle:
+            for line in handle:
+                key, sep, value = line.strip().partition("=")
+                if sep:
+                    fields[key] = value.strip().strip('"').strip("'")
+    except OSError:
+        pass
+    return {"id": fields.get("ID", "").lower(), "version_id": fields.get("VERSION_ID", ""),
+            "pretty_name": fields.get("PRETTY_NAME", ""), "python": list(sys.version_info[:3])}
 
 
 def listening_sockets(deployment: str | None) -> list[dict[str, Any]]:

@@ -423,7 +423,7 @@ def _etcd_member(contract: Contract, dirs: _Dirs, security: Security, node: Node
     ports = contract.ports
     peer = "http" if security.insecure else "https"
     cluster = ",".join(f"{n.host}={peer}://{n.address}:{ports.etcd_peer}" for n in contract.infra_hosts)
-    argv = ("/usr/bin/etcd", "--name", node.host,
+    argv = (contract.binaries.etcd, "--name", node.host,
             "--data-dir", f"{dirs.state}/etcd",
             "--listen-client-urls", f"http://{node.address}:{ports.etcd_client}",
             "--advertise-client-urls", f"http://{node.address}:{ports.etcd_client}",
@@ -458,7 +458,7 @@ def _nats_server(contract: Contract, dirs: _Dirs, security: Security, node: Node
         routes = ", ".join(f'"nats-route://{n.address}:{ports.nats_cluster}"' for n in contract.infra_hosts)
         lines.append(f'cluster {{ name: "shadowline-{contract.deployment}", '
                      f'listen: "{node.address}:{ports.nats_cluster}", routes: [{routes}]' + (f", {tls}" if tls else "") + " }")
-    return Process(host=node.host, argv=("/usr/sbin/nats-server", "-c", config_path), env={},
+    return Process(host=node.host, argv=(contract.binaries.nats_server, "-c", config_path), env={},
                    files={config_path: "\n".join(lines) + "\n"})
 
 

@@ -13,6 +13,7 @@ from ..backends import backend
 from .contract import Contract, parse_contract
 from .node_facts import NETWORK_FILESYSTEMS
 from .plan import Plan, build_plan
+from .platforms import platform_problems
 from .ports import port_problems, port_uses
 from .problems import Problem
 
@@ -46,8 +47,10 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
         problems += _lock_problems(contract, node, host_facts)
         problems += _gpu_problems(contract, node, host_facts)
         problems += _python_problems(contract, node, host_facts)
-    checks += ["ports already listening on each node", "lock path on a local filesystem, creatable",
-               "GPU count and memory budget (where nvidia-smi or sizes are known)"]
+        problems += platform_problems(node, host_facts.get("platform"),
+                                      infra=node in {n.host for n in contract.infra_hosts})
+    checks += ["distribution and Python of every host", "ports already listening on each node",
+               "lock path on a local filesystem, creatable", "GPU count and memory budget (where nvidia-smi or sizes are known)"]
     runtime_modules = backend(contract.engine.backend).runtime_modules
     if runtime_modules:
         checks.append(f"runtime Python imports {' and '.join(runtime_modules)}")
