@@ -106,9 +106,14 @@ def test_no_secret_in_the_script(tmp_path):
 def test_containers(tmp_path):
     pyxis = render(tmp_path, values(**VARIANTS["pyxis"]), "pyxis.sbatch").read_text()
     assert "--container-image='nvcr.io#nvidia/ai-dynamo/vllm-runtime:0.6.1'" in pyxis
+    # the node directory holds the GMS sockets and the lock in a job; the model is under the user's mount
     assert "--container-mounts=/scratch/models:/scratch/models:ro,/tmp/shadowline-llama:/tmp/shadowline-llama" in pyxis
+    # one container per job, imported once per node and reused by every step and relaunch
+    assert "--container-name=shadowline-llama" in pyxis
+    assert "--no-container-mount-home" in pyxis and "--no-container-entrypoint" in pyxis
+    assert pyxis.count("--container-name=") == pyxis.count("--container-image=")
     apptainer = render(tmp_path, values(**VARIANTS["apptainer"]), "apptainer.sbatch").read_text()
-    assert ("apptainer exec --nv --bind /scratch:/scratch --bind /tmp/shadowline-llama:/tmp/shadowline-llama "
+    assert ("apptainer exec --nv --no-home --bind /scratch:/scratch --bind /tmp/shadowline-llama:/tmp/shadowline-llama "
             "/shared/images/dynamo.sif \\\n") in apptainer
     assert "#SBATCH --exclusive" not in apptainer
 
@@ -222,3 +227,15 @@ def test_inventory_jinja_runs_in_a_sandbox(tmp_path, expression):
                               capture_output=True, text=True, check=False, cwd=tmp_path)
         assert proc.returncode != 0 and "gms_python" in proc.stderr and "unsafe" in proc.stderr, proc.stderr
         assert not out.exists() and not (tmp_path / "PWNED").exists()
+
+
+def test_containers_see_the_sockets_lock_and_model_outside_the_node_directory(tmp_path):
+    """GMS and the engines run in separate steps (separate containers): the socket and lock directories and the
+    staged model must be bind-mounted into each, or the engines never find the GMS server."""
+    shared = values(gms_socket_dir="/run/gms-llama", gms_lock_path="/run/gms-llama-lock/failover.lock",
+                    gms_slurm={"container_image": "nvcr.io#nvidia/ai-dynamo/vllm-runtime:1.6.1"})
+    script = render(tmp_path, shared).read_text()
+    assert ("--container-mounts=/tmp/shadowline-llama:/tmp/shadowline-llama,/run/gms-llama:/run/gms-llama,"
+            "/run/gms-llama-lock:/run/gms-llama-lock,/scratch/models/llama-3.3-70b:/scratch/models/llama-3.3-70b:ro"
+            ) in script
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in script and "CUDA_VISIBLE_DEVICES=" not in script  # Slurm sets it

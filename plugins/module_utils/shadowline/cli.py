@@ -60,7 +60,7 @@ def plan_of(inventory: str) -> dict:
         result = json.loads(run.stdout.split(" => ", 1)[1])
     except (ValueError, IndexError):
         raise SystemExit(f"{PROG} plan: ansible failed:\n{run.stdout}{run.stderr}") from None
-    if result.get("failed"):
+    if result.get("failed") or "plan" not in result:  # the one-line output of a failure has no "failed" key
         raise SystemExit(result.get("msg", "the cohort plan failed"))
     return result["plan"]
 

@@ -44,8 +44,19 @@ def exit_after_s(collective_timeout_s: float, dump_wait_ms: float = DUMP_WAIT_MI
     return float(collective_timeout_s) + 4 * dump_wait_ms / 1000.0
 
 
+def gpu_env(gpus_per_node: int) -> dict[str, str]:
+    """Which GPUs the GMS server and every rank on a node use, the same for all of them: the node's first
+    ``gpus_per_node`` in PCI bus order. GMS names its sockets by NVML GPU UUID (``gms_<UUID>_weights.sock``) while
+    an engine picks its device by CUDA index; CUDA's own order (fastest first) need not be NVML's, so both are
+    pinned to the bus order that nvidia-smi and NVML list (the mapping NVIDIA's Slurm runner pins per worker)."""
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus_per_node))}
+
+
 @dataclass(frozen=True)
 class DynamoVllm(Backend):
+    def node_env(self, deployment: str, host: str, gpus_per_node: int) -> dict[str, str]:
+        return gpu_env(gpus_per_node)
+
     def watchdog_env(self, collective_timeout_s: int) -> dict[str, str]:
         return nccl_watchdog_env(collective_timeout_s)
 

@@ -199,14 +199,52 @@ def sbatch_options(options: SlurmOptions, nnodes: int) -> list[str]:
     return lines
 
 
-def _container_prefix(options: SlurmOptions) -> list[str] | None:
-    """``apptainer exec --nv --bind ... IMAGE`` before a command (pyxis works through srun options instead)."""
+def container_mounts(plan: Plan, options: SlurmOptions) -> list[str]:
+    """What every container of the job sees of its node: the user's mounts, the node directory, the GMS socket
+    and lock directories (the GMS server and the engines run in separate steps: they meet there) and the staged
+    model, read-only, unless a mount of the user's already holds it."""
+    mounts = list(options.container_mounts)
+    targets = [m.split(":")[1] if ":" in m else m for m in mounts]
+
+    def covered(path: str) -> bool:
+        return any(path == t or path.startswith(t.rstrip("/") + "/") for t in targets)
+
+    for path in dict.fromkeys([options.node_dir, plan.socket_dir, plan.lock_dir]):
+        if not covered(path):
+            mounts.append(f"{path}:{path}")
+            targets.append(path)
+    if not covered(plan.model_dir):
+        mounts.append(f"{plan.model_dir}:{plan.model_dir}:ro")
+    return mounts
+
+
+def _container_prefix(plan: Plan, options: SlurmOptions) -> list[str] | None:
+    """``apptainer exec --nv --no-home --bind ... IMAGE`` before a command (pyxis works through srun options
+    instead); no home directory, so a user's ~/.local packages cannot shadow the image's."""
     if not options.container_image or options.container_runtime != "apptainer":
         return None
-    words = ["apptainer", "exec", "--nv"]
-    for mount in list(options.container_mounts) + [f"{options.node_dir}:{options.node_dir}"]:
+    words = ["apptainer", "exec", "--nv", "--no-home"]
+    for mount in container_mounts(plan, options):
         words += ["--bind", mount]
     return words + [options.container_image]
+
+
+def pyxis_options(plan: Plan, options: SlurmOptions) -> list[str]:
+    """srun's pyxis options for a step in the job's container: one named container per job, so the image is
+    imported once per node (by the first step that runs in it, the model check or the GMS server, before steps
+    run side by side) and every later step and relaunch reuses it; no home directory (a user's ~/.local packages
+    would shadow the image's) and not the image's entrypoint (NVIDIA's prints a banner and may run scripts)."""
+    if not options.container_image or options.container_runtime != "pyxis":
+        return []
+    return [f"--container-image={sh(options.container_image)}", f"--container-name={sh(options.job_name)}",
+            f"--container-mounts={sh(','.join(container_mounts(plan, options)))}",
+            "--no-container-mount-home", "--no-container-entrypoint"]
+
+
+def step_env(env: dict[str, str]) -> dict[str, str]:
+    """A process's environment in a Slurm step: the plan's, but Slurm sets CUDA_VISIBLE_DEVICES itself to the GPUs
+    the job was given (not always the node's first ones); the plan's CUDA_DEVICE_ORDER stays."""
+    return {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
 
 
 def _rank_task(plan: Plan, options: SlurmOptions, cohort: CohortPlan) -> dict[str, Any]:
@@ -214,13 +252,13 @@ def _rank_task(plan: Plan, options: SlurmOptions, cohort: CohortPlan) -> dict[st
     watchdog = [plan.python, "-m", WATCHDOG_MODULE, "--health-timeout", f"{failover.health_timeout_s:g}",
                 "--progress-stall", f"{failover.progress_stall_s:g}",
                 "--term-grace", f"{failover.term_grace_s:g}", "--stop-grace", f"{options.stop_grace_s:g}", "--"]
-    prefix = _container_prefix(options)
+    prefix = _container_prefix(plan, options)
     branches = []
     for rank in cohort.ranks:
         process = rank.process
         kind = "leader: Dynamo runtime, takes the failover lock" if rank.leader else "headless"
         branches.append({"case": str(rank.node_rank), "comment": f"rank {rank.node_rank} ({kind})",
-                         "pre": [], "lines": command_lines(watchdog + list(process.argv), process.env, prefix)})
+                         "pre": [], "lines": command_lines(watchdog + list(process.argv), step_env(process.env), prefix)})
     ports = cohort.ports
     return {"name": f"cohort_{cohort.cohort}", "by_node": True,
             "comment": f"cohort {cohort.cohort} ({cohort.role}, ENGINE_ID={cohort.engine_id}): "
@@ -232,7 +270,7 @@ def _rank_task(plan: Plan, options: SlurmOptions, cohort: CohortPlan) -> dict[st
 def tasks(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
     """The task functions: what one task of a step runs on its node (every process with the plan's runtime
     interpreter, ``plan.python``)."""
-    prefix = _container_prefix(options)
+    prefix = _container_prefix(plan, options)
     infra = plan.infra
     python = plan.python
     out: list[dict[str, Any]] = []
@@ -246,7 +284,7 @@ def tasks(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
     for index, process in enumerate(plan.gms_servers):
         gms_branches.append({"case": str(index), "comment": f"node {index}",
                              "pre": [f"mkdir -p {sh(plan.socket_dir)}"],
-                             "lines": command_lines(list(process.argv), process.env, prefix)})
+                             "lines": command_lines(list(process.argv), step_env(process.env), prefix)})
     out.append({"name": "gms", "by_node": True, "comment": f"GPU Memory Service server ({plan.engine.gms_module})",
                 "branches": gms_branches})
     pattern = f"{plan.socket_dir}/gms_*_weights.sock"
@@ -287,10 +325,7 @@ def _continued(lines: list[str]) -> list[str]:
 def steps(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
     """The step functions: one ``srun`` each, which the supervisor runs (and relaunches) as a job step."""
     nnodes = len(plan.nodes)
-    container = []
-    if options.container_image and options.container_runtime == "pyxis":
-        mounts = list(options.container_mounts) + [f"{options.node_dir}:{options.node_dir}"]
-        container = [f"--container-image={sh(options.container_image)}", f"--container-mounts={sh(','.join(mounts))}"]
+    container = pyxis_options(plan, options)
     cpus = [f"--cpus-per-task={options.cpus_per_task}"] if options.cpus_per_task else []
     every = [f"--nodes={nnodes}", "--ntasks-per-node=1"]
     first = ["--nodes=1", "--ntasks=1", '--nodelist="$SL_NODE_0"']
