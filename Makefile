@@ -10,7 +10,7 @@ NODES ?= 3
 INVENTORY ?= inventories/local
 
 .PHONY: help setup runtime demo test lint build preflight testbed-up testbed-down deploy status teardown clean \
-	drill bench-failover ee-context sanity
+	drill bench-failover ee-context sanity verify-engine-args
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 22
@@ -52,6 +52,9 @@ drill: setup ## a failover drill on the testbed deployment under load (FAULT=kil
 
 bench-failover: runtime ## failover figures at 1, 2, 4, 8 testbed hosts (TRIALS=20; testbed instance 6)
 	$(BIN)/python scripts/bench-failover --trials $(or $(TRIALS),20) $(if $(NODES_LIST),--nodes $(NODES_LIST))
+
+verify-engine-args: setup ## the real dynamo.vllm/vLLM parsers on every rendered engine command of the examples (scratch venv, minutes once)
+	$(BIN)/python scripts/verify-engine-args
 
 demo: runtime ## run the main job on the embedded default (root: boots a 2-host testbed)
 	scripts/demo
