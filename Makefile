@@ -65,7 +65,7 @@ test: runtime ## run the whole suite (unit, testbed, end-to-end, molecule, lint,
 
 lint: setup ## ansible-lint (production profile) and a Python byte-compile check
 	$(BIN)/ansible-lint --profile production -q
-	$(BIN)/ruff check --quiet plugins testbed tests monitoring scripts/show-plan scripts/bench-failover slurm/render slurm/drill
+	$(BIN)/ruff check --quiet plugins testbed tests monitoring scripts/show-plan scripts/bench-failover scripts/verify-engine-args slurm/render slurm/drill
 
 sanity: setup ## ansible-test sanity on the built collection (scripts/sanity; tests/sanity/ignore-2.19.txt)
 	scripts/sanity

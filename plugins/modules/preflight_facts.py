@@ -42,6 +42,12 @@ options:
     description: Value of C(gms_service_user).
     type: raw
     default: shadowline
+  runtime_mode:
+    description: Value of C(python_env_mode) (C(venv), C(wheelhouse) or C(external)); how the runtime is delivered.
+    type: raw
+  wheelhouse:
+    description: Value of C(python_env_wheelhouse); in C(wheelhouse) mode, which projects its wheels are of.
+    type: raw
 attributes:
   platform:
     platforms: posix
@@ -104,6 +110,8 @@ def main() -> None:
             "backend": {"type": "raw"},
             "model": {"type": "raw"},
             "service_user": {"type": "raw", "default": "shadowline"},
+            "runtime_mode": {"type": "raw"},
+            "wheelhouse": {"type": "raw"},
         },
         supports_check_mode=True,
     )
@@ -112,7 +120,8 @@ def main() -> None:
     text = {k: v if isinstance(v, str) and v else None for k, v in p.items()}
     facts = gather(deployment=text["deployment"], lock_path=lock_path,
                    python=effective_python(p["deployment"], p["python"]), backend=text["backend"],
-                   model_dir=effective_local_dir(p["model"]), service_user=text["service_user"])
+                   model_dir=effective_local_dir(p["model"]), service_user=text["service_user"],
+                   runtime_mode=text["runtime_mode"], wheelhouse=text["wheelhouse"])
     module.exit_json(changed=False, ansible_facts={"shadowline_node": facts})
 
 

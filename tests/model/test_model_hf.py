@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,28 @@ def test_token_never_in_child_env(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     assert "HF_TOKEN" not in fetch_rsync._child_env()
     assert os.environ["HF_TOKEN"] == "hf_secret"
+
+
+RUNTIME_PYTHON = Path(__file__).resolve().parents[2] / ".runtime" / "bin" / "python"
+
+
+@pytest.mark.skipif(not RUNTIME_PYTHON.exists() or not Path("/usr/bin/python3").exists(),
+                    reason="make runtime builds .runtime")
+def test_the_role_stages_hf_with_the_runtimes_interpreter_when_the_system_python_lacks_the_hub(
+        fake_hub, tmp_path: Path, token_file: Path, run_playbook):
+    """Issue #16: Debian's system Python has no huggingface_hub (and refuses pip). The model_cache role runs the
+    module with the deployment's runtime interpreter (gms_python), which has it, and stages the model."""
+    system = subprocess.run(["/usr/bin/python3", "-c", "import huggingface_hub"], check=False, capture_output=True)
+    if system.returncode == 0:
+        pytest.skip("this machine's system Python has huggingface_hub: nothing to prove")
+    local_dir = tmp_path / "node" / "models" / "tiny-llm"
+    role_vars = {"gms_deployment": "hftest", "gms_python": str(RUNTIME_PYTHON),
+                 "gms_model": {"id": MODEL_ID, "revision": REV, "source": f"hf://{MODEL_ID}", "local_dir": str(local_dir)},
+                 "gms_model_hf_token_file": str(token_file), "model_cache_hf_endpoint": fake_hub.endpoint}
+    run = run_playbook([
+        ("stage", {"ansible.builtin.include_role": {"name": "shadowline.gms.model_cache"}, "vars": role_vars}),
+        ("picked", {"ansible.builtin.debug": {"var": "model_cache_python"}}),
+    ], env={"ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3"})
+    assert run.rc == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert run.result["picked"]["model_cache_python"] == str(RUNTIME_PYTHON)
+    assert any(local_dir.glob("*.safetensors")) and (local_dir / "shadowline-manifest.json").exists()

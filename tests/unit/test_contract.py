@@ -69,7 +69,7 @@ def test_managed_flag_in_extra_args_is_refused():
 
 
 def facts(**overrides):
-    modules = {"dynamo.vllm": True, "gpu_memory_service": True}
+    modules = {"dynamo.vllm": True, "vllm": True, "gpu_memory_service": True}
     base = {"listening": [], "gpus": None, "python": {"exists": True, "modules": modules},
             "lock_dir": {"path": "/run/x", "exists": False, "existing_ancestor": "/run", "ancestor_is_dir": True,
                          "fstype": "tmpfs", "mountpoint": "/run", "read_only": False},
@@ -233,3 +233,36 @@ def test_gms_binaries_are_absolute_paths_and_reach_the_plan():
     argv = {p["argv"][0] for p in result.plan.to_dict()["infra"]["etcd"]} | {
         p["argv"][0] for p in result.plan.to_dict()["infra"]["nats"]}
     assert argv == {"/opt/etcd-v3.5.17/etcd", "/usr/sbin/nats-server"}
+
+
+# -- the runtime's source, by python_env_mode (issue #16) ----------------------------------------------------- #
+def test_venv_mode_cannot_deliver_the_gpu_runtime():
+    (msg,) = preflight(facts(runtime_mode="venv"), gms_engine={"backend": "dynamo_vllm"})
+    assert msg.startswith("python_env_mode (host node0): is venv, which installs from the package index, but the "
+                          "dynamo_vllm backend needs gpu-memory-service, which is not on PyPI.")
+    assert preflight(facts(runtime_mode="venv"), gms_engine={"backend": "standin"}) == []
+
+
+def test_a_wheelhouse_is_checked_for_every_wheel_and_a_missing_one_named():
+    full = {"path": "/srv/wh", "exists": True,
+            "projects": ["ai-dynamo", "ai-dynamo-runtime", "gpu-memory-service", "torch", "vllm"]}
+    python = {"exists": False, "modules": {}}  # not built yet: that is what python_env does next
+    assert preflight(facts(runtime_mode="wheelhouse", wheelhouse=full, python=python)) == []
+    (msg,) = preflight(facts(runtime_mode="wheelhouse", python=python,
+                             wheelhouse={**full, "projects": ["ai-dynamo", "torch"]}))
+    assert "/srv/wh has no wheel of ai-dynamo-runtime, vllm, gpu-memory-service." in msg
+    (msg,) = preflight(facts(runtime_mode="wheelhouse", python=python,
+                             wheelhouse={"path": "/srv/wh", "exists": False, "error": "No such file or directory"}))
+    assert msg.startswith("python_env_wheelhouse (host node0): /srv/wh cannot be read (No such file or directory).")
+
+
+def test_an_unknown_runtime_mode_is_refused_up_front():
+    (msg,) = preflight(facts(runtime_mode="conda"))
+    assert msg == ("python_env_mode (host node0): is 'conda'. Fix: use one of venv, wheelhouse, external.")
+
+
+def test_wheel_file_names_give_their_project():
+    from shadowline.deployment.node_facts import project_name
+    assert project_name("gpu_memory_service-0.1.0-py3-none-any.whl") == "gpu-memory-service"
+    assert project_name("ai_dynamo_runtime-1.6.1-cp310-abi3-manylinux_2_28_x86_64.whl") == "ai-dynamo-runtime"
+    assert project_name("Torch-2.13.0-cp311-cp311-linux_x86_64.whl") == "torch"

@@ -34,7 +34,7 @@ def node_facts(gpus: int = 8, mib: float = H100_MIB) -> dict[str, Any]:
     return {
         "listening": [], "processes": [],
         "gpus": [{"uuid": f"GPU-{i:08x}-1111-2222-3333-444455556666", "memory_mib": mib} for i in range(gpus)],
-        "python": {"exists": True, "modules": {"dynamo.vllm": True, "gpu_memory_service": True}},
+        "python": {"exists": True, "modules": {"dynamo.vllm": True, "vllm": True, "gpu_memory_service": True}},
         "lock_dir": {"path": "/run/shadowline", "exists": False, "existing_ancestor": "/run", "ancestor_is_dir": True,
                      "fstype": "tmpfs", "mountpoint": "/run", "read_only": False},
         "manifest_weight_bytes": None,
@@ -43,11 +43,21 @@ def node_facts(gpus: int = 8, mib: float = H100_MIB) -> dict[str, Any]:
     }
 
 
-def preflight(name: str, facts: dict[str, Any] | None = None):
+GPU_WHEELS = ["ai-dynamo", "ai-dynamo-runtime", "gpu-memory-service", "nixl", "torch", "vllm"]
+
+
+def preflight(name: str, facts: dict[str, Any] | None = None, wheels: list[str] | None = None):
+    """Preflight with a real node's facts; the runtime's as the inventory delivers it (python_env_mode)."""
     hostvars, groups = read(name)
     nodes, infra = groups.get("gms_nodes", []), groups.get("gms_infra", [])
+    facts = dict(facts or node_facts())
+    mode = hostvars[nodes[0]].get("python_env_mode", "venv")
+    facts["runtime_mode"] = mode
+    if mode == "wheelhouse":
+        facts["wheelhouse"] = {"path": hostvars[nodes[0]]["python_env_wheelhouse"], "exists": True,
+                               "projects": GPU_WHEELS if wheels is None else wheels}
     infra_facts = {**node_facts(), "gpus": None, "python": None}
-    facts_by_host = {h: facts or node_facts() for h in nodes} | {h: infra_facts for h in infra if h not in nodes}
+    facts_by_host = {h: facts for h in nodes} | {h: infra_facts for h in infra if h not in nodes}
     return run_preflight(hostvars, nodes, infra, facts_by_host)
 
 
@@ -115,3 +125,9 @@ def test_shadowline_plan_prints_the_example(name: str):
                           capture_output=True, text=True, check=False, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "gpu02 rank 1 (headless)" in proc.stdout and "--tensor-parallel-size 16" in proc.stdout
+
+
+def test_a_wheelhouse_without_gms_is_named_before_anything_changes():
+    problems = preflight("h100-2x8-tp16", wheels=["ai-dynamo", "ai-dynamo-runtime", "torch", "vllm"]).problems
+    assert [(p.field, p.host) for p in problems] == [("python_env_wheelhouse", "gpu01"), ("python_env_wheelhouse", "gpu02")]
+    assert problems[0].message == "/srv/wheelhouse/dynamo-1.6.1 has no wheel of gpu-memory-service."

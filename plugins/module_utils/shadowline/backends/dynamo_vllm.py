@@ -67,4 +67,5 @@ class DynamoVllm(Backend):
 # Dynamo 1.6.1 has no rank liveness (DYN_GMS_RANK_LIVENESS) and no serving NCCL timeout
 # (DYN_GMS_SERVING_NCCL_TIMEOUT_S): neither string is in its wheels, so neither is rendered (docs/detection.md).
 DYNAMO_VLLM = DynamoVllm(name="dynamo_vllm", engine_module="dynamo.vllm", gms_module="gpu_memory_service.cli.server",
-                         runtime_modules=("dynamo.vllm", "gpu_memory_service"), progress_metrics_path="/metrics")
+                         runtime_modules=("dynamo.vllm", "vllm", "gpu_memory_service"), progress_metrics_path="/metrics",
+                         runtime_distributions=("ai-dynamo", "ai-dynamo-runtime", "vllm", "gpu-memory-service", "torch"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -23,9 +24,12 @@ NETWORK_FILESYSTEMS = {
 MANIFEST_NAME = "shadowline-manifest.json"
 
 
-def gather(deployment: str | None, lock_path: str | None, python: str | None, backend: str | None,
-           model_dir: str | None, service_user: str | None) -> dict[str, Any]:
+def gather(deployment: str | None, lock_path: str | None, python: str | None, backend: str | None,  # noqa: PLR0913 (one per fact)
+           model_dir: str | None, service_user: str | None, runtime_mode: str | None = None,
+           wheelhouse: str | None = None) -> dict[str, Any]:
     return {
+        "runtime_mode": runtime_mode,
+        "wheelhouse": wheelhouse_facts(wheelhouse) if runtime_mode == "wheelhouse" and wheelhouse else None,
         "listening": listening_sockets(deployment),
         "processes": deployment_processes(deployment) if deployment else [],
         "lock_dir": path_facts(os.path.dirname(lock_path), service_user) if lock_path else None,
@@ -175,6 +179,21 @@ def python_facts(python: str, backend: str | None) -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError, ValueError) as err:
         facts["error"] = str(err)
     return facts
+
+
+def project_name(wheel_file: str) -> str:
+    """A wheel's project name, normalized (PEP 503): ``gpu_memory_service-0.1-py3-none-any.whl`` is
+    ``gpu-memory-service``."""
+    return re.sub(r"[-_.]+", "-", wheel_file.split("-", 1)[0]).lower()
+
+
+def wheelhouse_facts(path: str) -> dict[str, Any]:
+    """Which projects a wheelhouse directory holds wheels of."""
+    try:
+        names = sorted({project_name(f) for f in os.listdir(path) if f.endswith(".whl")})
+    except OSError as err:
+        return {"path": path, "exists": False, "error": err.strerror or str(err), "projects": []}
+    return {"path": path, "exists": True, "projects": names}
 
 
 def manifest_weight_bytes(model_dir: str) -> int | None:

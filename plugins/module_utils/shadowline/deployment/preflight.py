@@ -122,21 +122,64 @@ def _gpu_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list[
     return []
 
 
+RUNTIME_MODES = ("venv", "wheelhouse", "external")
+
+
 def _python_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list[Problem]:
-    python = facts.get("python")
-    runtime_modules = list(backend(contract.engine.backend).runtime_modules)
-    if python is None or not runtime_modules or host not in {n.host for n in contract.nodes}:
+    """The runtime's source, before python_env builds anything: by python_env_mode. ``external``: the interpreter
+    exists and finds the backend's modules; ``wheelhouse``: the directory holds a wheel of every distribution the
+    backend is built from; ``venv``: only for runtimes the package index has (not gpu-memory-service). Facts
+    without a mode (an older preflight_facts) are judged as ``external``."""
+    if host not in {n.host for n in contract.nodes}:
+        return []
+    strategy = backend(contract.engine.backend)
+    mode = facts.get("runtime_mode") or "external"
+    if mode not in RUNTIME_MODES:
+        return [Problem("python_env_mode", f"is {mode!r}.", f"use one of {', '.join(RUNTIME_MODES)}.", host=host)]
+    if mode == "venv":
+        if "gpu-memory-service" in strategy.runtime_distributions:
+            return [Problem("python_env_mode", f"is venv, which installs from the package index, but the "
+                            f"{strategy.name} backend needs gpu-memory-service, which is not on PyPI.",
+                            "use python_env_mode: wheelhouse with python_env_wheelhouse holding the wheels "
+                            "(docs/gpu-cluster.md, runtime delivery), or external with gms_python pointing at an "
+                            "environment that has them.", host=host)]
+        return []
+    if mode == "wheelhouse":
+        return _wheelhouse_problems(strategy.runtime_distributions, host, facts.get("wheelhouse"))
+    return _external_problems(contract, host, facts.get("python"), list(strategy.runtime_modules))
+
+
+def _external_problems(contract: Contract, host: str, python: dict[str, Any] | None,
+                       runtime_modules: list[str]) -> list[Problem]:
+    if python is None or not runtime_modules:
         return []
     if not python.get("exists"):
         return [Problem("gms_python", f"{contract.python} does not exist or is not executable.",
                         "install the engine runtime (a venv or container with ai-dynamo, vLLM and "
-                        "gpu_memory_service) and point gms_python at its interpreter.", host=host)]
+                        "gpu_memory_service) and point gms_python at its interpreter, or let python_env build "
+                        "it (python_env_mode: wheelhouse).", host=host)]
     missing = [name for name, ok in (python.get("modules") or {}).items() if not ok]
     if python.get("error"):
         missing = runtime_modules
     if missing:
         return [Problem("gms_python", f"{contract.python} cannot import {', '.join(missing)}.",
                         "install ai-dynamo[vllm] and NVIDIA's gpu_memory_service into that environment.", host=host)]
+    return []
+
+
+def _wheelhouse_problems(needed: tuple[str, ...], host: str, wheelhouse: dict[str, Any] | None) -> list[Problem]:
+    if not wheelhouse:
+        return [Problem("python_env_wheelhouse", "is not set, but python_env_mode is wheelhouse.",
+                        "set it to a directory of wheels on every node.", host=host)]
+    if not wheelhouse.get("exists"):
+        return [Problem("python_env_wheelhouse", f"{wheelhouse.get('path')} cannot be read "
+                        f"({wheelhouse.get('error')}).", "copy the wheelhouse to this node, or fix the path.",
+                        host=host)]
+    missing = [name for name in needed if name not in set(wheelhouse.get("projects") or [])]
+    if missing:
+        return [Problem("python_env_wheelhouse", f"{wheelhouse.get('path')} has no wheel of {', '.join(missing)}.",
+                        "add them (docs/gpu-cluster.md, runtime delivery, says how to fill a wheelhouse).",
+                        host=host)]
     return []
 
 

@@ -43,7 +43,8 @@ def _hub() -> Any:
             "and gms_model.source is hf://.",
             field="gms_model.source",
             fix=f"install it on the nodes: {sys.executable} -m pip install 'huggingface_hub>={MIN_VERSION}' "
-            "(or stage from file:// or rsync:// instead).",
+            "(the model_cache role does this itself: it runs the module with the runtime's interpreter or a "
+            "staging virtualenv that has it), or stage from file:// or rsync:// instead.",
         ) from exc
 
 
