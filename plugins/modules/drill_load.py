@@ -17,6 +17,10 @@ description:
     to the ones before), for at most I(duration_s) seconds and I(max_requests) requests, and returns at once.
   - I(state=stopped) waits until I(stop_at), stops it, waits for the requests in flight (each at most
     I(timeout_s)) and returns every request with its start, end, HTTP status and error.
+  - Requests go through the official OpenAI Python SDK with its stock retry policy where the controller has it
+    (every other request streaming), and each records its first attempt too, so the summary gives both
+    C(failed_sdk) (what an application using the SDK saw) and C(failed_raw) (what a client without retries saw);
+    without the SDK, one plain attempt per request (C(failed_sdk) then equals C(failed_raw)).
   - Runs on the controller (an action plugin); nothing is installed anywhere. Sends nothing in check mode.
 options:
   state:
@@ -101,12 +105,15 @@ started_at:
   returned: state=started
   type: float
 requests:
-  description: Every request - seq, start, end (unix time), status (0 without an HTTP answer), ok, error.
+  description: Every request - seq, start, end (unix time), status (0 without an HTTP answer), ok, error, attempts, first_ok (the first attempt's outcome; null for a plain request), stream.
   returned: state=stopped
   type: list
   elements: dict
 summary:
-  description: sent, ok, failed, first_start, last_end, median_latency_s.
+  description:
+    - sent, ok, failed, first_start, last_end, median_latency_s;
+    - failed_sdk (failed after the OpenAI SDK's retries), failed_raw (failed at the first attempt: a client
+      without retries), streams (requests that streamed), retried (requests the SDK sent more than once).
   returned: state=stopped
   type: dict
 """

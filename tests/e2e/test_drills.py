@@ -131,6 +131,12 @@ def test_drill(deployment: dict[str, Any], reports: Path, fault: str) -> None:
                 left = [p["pid"] for p in unit["processes"] if alive_on(host, p["pid"], p["start"])]
                 assert not left, f"{fault}: {host} still runs {left} of cohort {cohort}'s failed generation"
     assert report["orphans"] == []
+    # the load went through the OpenAI SDK (stock retries, half streaming): both counts, the SDK's no worse
+    requests = report["requests"]
+    assert requests["client"] == "openai" and requests["streams"] >= requests["sent"] // 2 - 1, requests
+    assert requests["failed_sdk"] <= requests["failed_raw"] == requests["failed"], requests
+    print(f"\n[figure] {fault}: {requests['sent']} requests, failed_raw {requests['failed_raw']}, "
+          f"failed_sdk {requests['failed_sdk']}")
     if fault != "gpu-xid-fatal":  # nothing serves while the node is fenced; the drill's restore unfences it
         assert report["serving_resumed"], f"{fault}: the last request of the load failed"
     assert_whole()

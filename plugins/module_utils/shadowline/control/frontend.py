@@ -26,11 +26,23 @@ class Request:
     ok: bool
     error: str = ""
     end_mono: float = 0.0  # time.monotonic() at the end, for deadlines (not recorded)
+    # Through the OpenAI SDK (drill/sdk_client.py): ``ok`` is the outcome after its retries, ``first_ok`` its first
+    # attempt's (what a client without retries saw); None for a plain request, whose only attempt is ``ok``.
+    attempts: int = 1
+    first_ok: bool | None = None
+    stream: bool = False
 
     def to_dict(self) -> dict[str, object]:
         record = asdict(self)
         record.pop("end_mono")
         return record
+
+
+def first_attempt_ok(record: dict) -> bool:
+    """Whether a client without retries was served (a request's record, ``Request.to_dict``): the SDK's first
+    attempt, or a plain request's only one."""
+    first = record.get("first_ok")
+    return bool(record["ok"] if first is None else first)
 
 
 def completion_body(model: str, max_tokens: int = 4) -> bytes:

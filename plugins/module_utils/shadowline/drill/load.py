@@ -5,8 +5,10 @@ slows down when the server fails hides the outage), each on its own thread up to
 that has not answered within ``timeout_s`` counts as failed. Every request is recorded with its start and end
 (the machine's clock, so they compare with the agents' events), its HTTP status and an error text.
 
-Every request goes through the one frontend client (control/frontend.py), as the agent's probes and the Slurm
-drill's load do. Run in the background by the ``drill_load`` action: ``python -m shadowline.drill.load --url ... --out FILE``
+Every request goes through the official OpenAI SDK with its stock retries, every other one streaming
+(``client="openai"``, drill/sdk_client.py: each request records what the application saw and what a client
+without retries saw), or through the one plain frontend client (control/frontend.py) that the agent's probes and
+the Slurm drill's load use (``client="raw"``, where the SDK is not installed). Run in the background by the ``drill_load`` action: ``python -m shadowline.drill.load --url ... --out FILE``
 writes one JSON line per finished request and a last ``{"summary": ...}`` line; SIGTERM (or ``--stop-file``
 appearing) ends it early, after the requests in flight have answered or timed out.
 """
@@ -23,7 +25,8 @@ import time
 from typing import Callable
 
 from ..control.access import client_context
-from ..control.frontend import Request, completion_body, send
+from ..control.frontend import Request, completion_body, first_attempt_ok, send
+from . import sdk_client
 
 __all__ = ["Request", "completion_body", "read_results", "run_load", "send", "summarize"]
 
@@ -31,14 +34,17 @@ __all__ = ["Request", "completion_body", "read_results", "run_load", "send", "su
 def run_load(url: str, model: str, rate: float = 20.0, duration_s: float = 30.0, max_requests: int = 600,  # noqa: PLR0913 (over the size limits of pyproject.toml; split it when it changes next)
              timeout_s: float = 5.0, max_in_flight: int = 256, stop: threading.Event | None = None,
              on_result: Callable[[Request], None] | None = None, max_tokens: int = 4,
-             context: ssl.SSLContext | None = None) -> list[Request]:
+             context: ssl.SSLContext | None = None, client: str = "raw") -> list[Request]:
     """Send ``rate`` requests per second for at most ``duration_s`` seconds and ``max_requests`` requests (or
     until ``stop`` is set), then wait for the ones in flight. Returns every request, in order of sending.
-    ``context``: the CA and client certificate of an https:// frontend (gms_frontend_tls)."""
+    ``context``: the CA and client certificate of an https:// frontend (gms_frontend_tls). ``client``: ``raw``
+    (one attempt per request) or ``openai`` (the SDK, stock retries, every other request streaming)."""
     if rate <= 0 or duration_s <= 0 or max_requests <= 0:
         raise ValueError("rate, duration_s and max_requests must be positive")
     stop = stop or threading.Event()
     body = completion_body(model, max_tokens)
+    sdk = sdk_client.SdkClient(url, timeout_s, context) if client == "openai" else None
+    longest_s = sdk.longest_s if sdk else timeout_s
     results: list[Request] = []
     lock = threading.Lock()
     slots = threading.BoundedSemaphore(max_in_flight)
@@ -46,7 +52,8 @@ def run_load(url: str, model: str, rate: float = 20.0, duration_s: float = 30.0,
 
     def one(seq: int) -> None:
         try:
-            result = send(url, body, timeout_s, seq, context)
+            result = (sdk.send(model, seq, stream=seq % 2 == 1, max_tokens=max_tokens) if sdk
+                      else send(url, body, timeout_s, seq, context))
         finally:
             slots.release()
         with lock:
@@ -61,7 +68,7 @@ def run_load(url: str, model: str, rate: float = 20.0, duration_s: float = 30.0,
             break
         if stop.wait(max(0.0, due - time.time())):
             break
-        if not slots.acquire(timeout=timeout_s):  # every slot stuck: record the skipped send as a failure
+        if not slots.acquire(timeout=longest_s):  # every slot stuck: record the skipped send as a failure
             skipped = Request(seq=seq, start=time.time(), end=time.time(), status=0, ok=False,
                               error=f"not sent: {max_in_flight} requests in flight")
             with lock:
@@ -73,7 +80,7 @@ def run_load(url: str, model: str, rate: float = 20.0, duration_s: float = 30.0,
         thread.start()
         threads.append(thread)
     for thread in threads:
-        thread.join(timeout_s + 5)
+        thread.join(longest_s + 5)
     return sorted(results, key=lambda r: r.seq)
 
 
@@ -82,6 +89,9 @@ def summarize(requests: list[Request]) -> dict[str, object]:
     latencies = sorted(r.end - r.start for r in ok)
     return {
         "sent": len(requests), "ok": len(ok), "failed": len(requests) - len(ok),
+        "failed_sdk": len(requests) - len(ok),
+        "failed_raw": sum(1 for r in requests if not first_attempt_ok(r.to_dict())),
+        "streams": sum(1 for r in requests if r.stream), "retried": sum(1 for r in requests if r.attempts > 1),
         "first_start": min((r.start for r in requests), default=None),
         "last_end": max((r.end for r in requests), default=None),
         "median_latency_s": round(latencies[len(latencies) // 2], 4) if latencies else None,
@@ -121,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ca", help="an https:// frontend: the deployment's CA (gms_frontend_tls)")
     parser.add_argument("--cert", help="an https:// frontend: the client certificate to present")
     parser.add_argument("--key", help="an https:// frontend: the client certificate's key")
+    parser.add_argument("--client", choices=["openai", "raw"], default="openai" if sdk_client.available() else "raw",
+                        help="the OpenAI SDK with its stock retries, half the requests streaming (the default where "
+                             "it is installed), or one plain attempt per request")
     args = parser.parse_args(argv)
     if bool(args.ca) != bool(args.cert) or bool(args.cert) != bool(args.key):
         parser.error("--ca, --cert and --key go together")
@@ -141,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 out.write(json.dumps(result.to_dict(), sort_keys=True) + "\n")
                 out.flush()
         requests = run_load(args.url, args.model, args.rate, args.duration, args.max_requests, args.timeout,
-                            stop=stop, on_result=record, context=context)
+                            stop=stop, on_result=record, context=context, client=args.client)
         with out_lock:
             out.write(json.dumps({"summary": summarize(requests)}) + "\n")
     return 0

@@ -32,6 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from typing import Any, Dict
 
+from ..control.frontend import first_attempt_ok
 from ..control.lock import parse_holder
 from .faults import FAULTS, Fault
 
@@ -249,22 +250,28 @@ class Requests:
 def request_figures(d: Drill, promoted: Event | None) -> Requests:
     promo_at = promoted["time"] if promoted else None
     requests = d.requests
-    failed = [r for r in requests if r["end"] >= d.t0 and not r["ok"]]  # in flight at the fault, or after
+    # The window is what the service did: each request's first attempt (a client without retries); the SDK's
+    # retries may still have served it, which failed_sdk counts.
+    served = {id(r): first_attempt_ok(r) for r in requests}
+    failed = [r for r in requests if r["end"] >= d.t0 and not served[id(r)]]  # in flight at the fault, or after
     first_failed = min(failed, key=lambda r: r["start"]) if failed else None
     after_from = first_failed["start"] if first_failed else d.t0
-    first_ok = min((r for r in requests if r["ok"] and r["start"] >= after_from), key=lambda r: r["end"],
+    first_ok = min((r for r in requests if served[id(r)] and r["start"] >= after_from), key=lambda r: r["end"],
                    default=None)
+    failed_raw = sum(1 for r in requests if not served[id(r)])
     return Requests(
-        requests={"sent": len(requests), "ok": sum(1 for r in requests if r["ok"]),
-                  "failed": sum(1 for r in requests if not r["ok"]),
+        requests={"sent": len(requests), "ok": len(requests) - failed_raw, "failed": failed_raw,
+                  "failed_raw": failed_raw, "failed_sdk": sum(1 for r in requests if not r["ok"]),
+                  "client": "openai" if any(r.get("first_ok") is not None for r in requests) else "raw",
+                  "streams": sum(1 for r in requests if r.get("stream")),
                   "errors": dict(Counter(_error_class(r) for r in failed))},
-        failed_before_fault=sum(1 for r in requests if r["end"] < d.t0 and not r["ok"]),
+        failed_before_fault=sum(1 for r in requests if r["end"] < d.t0 and not served[id(r)]),
         failed_before_promotion=sum(1 for r in failed if promo_at is None or r["start"] < promo_at),
         failed_after_promotion=sum(1 for r in failed if promo_at is not None and r["start"] >= promo_at),
         first_failed_s=d.rel(first_failed["start"]) if first_failed else None,
         last_failed_s=d.rel(max(r["end"] for r in failed)) if failed else None,
         first_ok_s=d.rel(first_ok["end"]) if first_ok else None,
-        serving_resumed=bool(requests and requests[-1]["ok"]))
+        serving_resumed=bool(requests and served[id(requests[-1])]))
 
 
 @dataclass(frozen=True)
@@ -595,7 +602,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"first ok request  {_fmt(report['first_ok_s'])}",
         f"failed requests   {report['failed_before_promotion']} before promotion, "
         f"{report['failed_after_promotion']} after" + (f"  ({errors})" if errors else "")
-        + f"; {req['sent']} sent, {req['ok']} ok",
+        + f"; {req['sent']} sent, {req['ok']} ok"
+        + (f"; through the OpenAI SDK: {req['failed_sdk']} failed after its retries" if req.get("client") == "openai"
+           else ""),
         f"relaunch complete {_fmt(report['relaunch_s'])}",
         f"orphans           {len(report['orphans'])}",
     ]

@@ -11,6 +11,8 @@ import math
 from typing import Any
 from xml.sax.saxutils import escape
 
+from ..control.frontend import first_attempt_ok
+
 COLOURS = {"fault": "#d62728", "detect": "#ff7f0e", "teardown": "#9467bd", "promote": "#1f77b4",
            "relaunch": "#17becf", "request": "#2ca02c", "problem": "#000000", "info": "#7f7f7f"}
 OK, FAILED = "#2ca02c", "#d62728"
@@ -47,7 +49,7 @@ def render_svg(report: dict[str, Any], requests: list[dict[str, Any]], nodes: li
     """The SVG document (text) for a report (``compute_report``) and the load's requests."""
     t0 = report["injected_at"]
     rows = report["timeline"]
-    rel_requests = [(r["start"] - t0, r["end"] - t0, r["ok"]) for r in requests]
+    rel_requests = [(r["start"] - t0, r["end"] - t0, first_attempt_ok(r)) for r in requests]
     lo = min([-0.5] + [s for s, _e, _ok in rel_requests] + [r["t"] for r in rows])
     hi = max([1.0] + [e for _s, e, _ok in rel_requests] + [r["t"] for r in rows]) + 0.2
     lanes = list(nodes) + sorted({r["node"] for r in rows if r["node"] not in nodes and r["node"] not in
