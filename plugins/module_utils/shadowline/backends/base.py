@@ -13,7 +13,7 @@ class Backend:
     runtime_modules: tuple[str, ...]  # what the runtime's interpreter must import (preflight asks it)
     # The Python distributions the runtime is built from: what a wheelhouse (python_env_mode wheelhouse) must hold
     # a wheel of, by project name (preflight looks before anything is installed).
-    runtime_distributions: tuple[str, ...] = ("ai-dynamo", "ai-dynamo-runtime")
+    runtime_distributions: tuple[str, ...] = ("ai-dynamo",)
     uses_gpus: bool = True  # its ranks take GPUs (a Slurm job asks for them; the stand-in runs on CPUs)
     # Where the leader's system server serves vLLM's progress metrics (vllm:num_requests_running,
     # vllm:generation_tokens_total; control/progress.py judges them), or None: the engine has no such signal.
