@@ -105,15 +105,17 @@ started_at:
   returned: state=started
   type: float
 requests:
-  description: Every request - seq, start, end (unix time), status (0 without an HTTP answer), ok, error, attempts, first_ok (the first attempt's outcome; null for a plain request), stream.
+  description:
+    - Every request - seq, start, end (unix time), status (0 without an HTTP answer), ok, error;
+    - attempts, first_ok (the first attempt's outcome; null for a plain request), stream.
   returned: state=stopped
   type: list
   elements: dict
 summary:
   description:
     - sent, ok, failed, first_start, last_end, median_latency_s;
-    - failed_sdk (failed after the OpenAI SDK's retries), failed_raw (failed at the first attempt: a client
-      without retries), streams (requests that streamed), retried (requests the SDK sent more than once).
+    - "failed_sdk (failed after the OpenAI SDK's retries), failed_raw (failed at the first attempt, what a client
+      without retries saw), streams (requests that streamed), retried (requests the SDK sent more than once)."
   returned: state=stopped
   type: dict
 """

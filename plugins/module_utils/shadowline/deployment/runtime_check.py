@@ -48,9 +48,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--gpus", type=int, default=0, help="GPUs per node the deployment uses")
     args = parser.parse_args(argv)
     result = check(args.backend, args.gpus)
-    print(json.dumps(result))
+    sys.stdout.write(json.dumps(result) + "\n")
     return 1 if result["missing"] else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

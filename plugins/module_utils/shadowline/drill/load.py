@@ -8,8 +8,9 @@ that has not answered within ``timeout_s`` counts as failed. Every request is re
 Every request goes through the official OpenAI SDK with its stock retries, every other one streaming
 (``client="openai"``, drill/sdk_client.py: each request records what the application saw and what a client
 without retries saw), or through the one plain frontend client (control/frontend.py) that the agent's probes and
-the Slurm drill's load use (``client="raw"``, where the SDK is not installed). Run in the background by the ``drill_load`` action: ``python -m shadowline.drill.load --url ... --out FILE``
-writes one JSON line per finished request and a last ``{"summary": ...}`` line; SIGTERM (or ``--stop-file``
+the Slurm drill's load use (``client="raw"``, where the SDK is not installed). Run in the background by the
+``drill_load`` action: ``python -m shadowline.drill.load --url ... --out FILE`` writes one JSON line per
+finished request and a last ``{"summary": ...}`` line; SIGTERM (or ``--stop-file``
 appearing) ends it early, after the requests in flight have answered or timed out.
 """
 
