@@ -54,7 +54,29 @@ def engine_changed_cohorts(plan: dict[str, Any], changed_paths: list[str] | None
     return [c for c in plan.cohort_ids if any(p.startswith(_dropin_dir(plan, c) + "/") for p in changed)]
 
 
+def serving_cohort(plan: dict[str, Any], lock_content: str | None = None) -> int:
+    """The cohort holding the failover lock (its content ``engine-<id>``), or -1 when the lock is free."""
+    engine_id = parse_holder(lock_content or "")
+    for cohort in Plan.from_dict(plan).cohorts:
+        if engine_id is not None and int(cohort.engine_id) == engine_id:
+            return cohort.cohort
+    return -1
+
+
+def stale_cohorts(plan: dict[str, Any], host: str, running: list[dict[str, Any]]) -> list[int]:
+    """The cohorts whose rank on ``host`` does not run the plan's command: ``running`` is a looped command's
+    results over the plan's cohorts, each with the rank's ``/proc/<pid>/cmdline`` as ``stdout_lines``."""
+    typed = Plan.from_dict(plan)
+    stale = []
+    for result in running:
+        cohort = int(result["item"]["cohort"])
+        if list(result.get("stdout_lines") or []) != list(typed.cohort(cohort).rank_on(host).process.argv):
+            stale.append(cohort)
+    return stale
+
+
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {"cohort_order": cohort_order, "engine_files": engine_files,
-                "engine_changed_cohorts": engine_changed_cohorts}
+                "engine_changed_cohorts": engine_changed_cohorts, "serving_cohort": serving_cohort,
+                "stale_cohorts": stale_cohorts}

@@ -48,7 +48,9 @@ options:
     description: What is waited for, in words (V(the leader of cohort 0 healthy)); the condition when unset.
     type: str
   unit:
-    description: The systemd unit whose readiness this is; named, with its state and last log lines, on a timeout.
+    description:
+      - The systemd unit whose readiness this is; named, with its state and last log lines, on a timeout.
+      - When it has ended (failed or inactive) at the end of a wait (or of a progress slice), the wait fails at once.
     type: str
   timeout_s:
     description: How long to wait.
@@ -149,6 +151,9 @@ def main() -> None:
     node = os.uname().nodename
     slice_s = p["progress_s"] if p["progress_s"] > 0 else p["timeout_s"]
     ready, waited, seen = poll(check, slice_s, p["interval_s"])
+    if not ready and p["unit"] and unit_ended(module, p["unit"]):  # it will never be ready: say so now
+        module.fail_json(msg=f"{what} on {node}: unit {p['unit']} ended after {waited:.1f} s: "
+                             f"{unit_summary(module, p['unit'])}", waited_s=round(waited, 3))
     if not ready and p["progress_s"] > 0:
         module.exit_json(changed=False, ready=False, waited_s=round(waited, 3), msg=f"{what} on {node}: {seen}")
     if not ready:
@@ -158,6 +163,15 @@ def main() -> None:
         module.fail_json(msg=msg, waited_s=round(waited, 3))
     module.exit_json(changed=False, ready=True, waited_s=round(waited, 3),
                      msg=f"{what} on {node} - ready after {waited:.1f} s")
+
+
+def unit_ended(module: AnsibleModule, unit: str) -> bool:
+    """Whether the unit has stopped (failed, or exited): an engine unit is never restarted by systemd."""
+    systemctl = module.get_bin_path("systemctl")
+    if not systemctl:
+        return False
+    _rc, out, _err = module.run_command([systemctl, "show", "-p", "ActiveState", "--value", unit])
+    return out.strip() in ("failed", "inactive")
 
 
 def unit_summary(module: AnsibleModule, unit: str) -> str:

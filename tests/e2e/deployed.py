@@ -203,9 +203,10 @@ class Load:
     last: Load | None = None  # the latest load started (the fault matrix reports it per row)
 
     def __init__(self, deployed: Deployed, rate: float = 10.0, duration_s: float = 120.0,
-                 max_requests: int = 1200) -> None:
+                 max_requests: int = 1200, client: str = "raw") -> None:
         Load.last = self
         self.args = (deployed.frontend, MODEL, rate, duration_s, max_requests)
+        self.client = client  # raw: one attempt per request; openai: the SDK with its retries, half streaming
         self.stop = threading.Event()
         self.requests: list[Request] = []
         self.thread = threading.Thread(target=self.run, name="load", daemon=True)
@@ -213,7 +214,7 @@ class Load:
     def run(self) -> None:
         url, model, rate, duration_s, max_requests = self.args
         self.requests = run_load(url, model, rate=rate, duration_s=duration_s, max_requests=max_requests,
-                                 timeout_s=5.0, stop=self.stop)
+                                 timeout_s=5.0, stop=self.stop, client=self.client)
 
     def __enter__(self) -> Load:
         self.thread.start()
@@ -221,7 +222,7 @@ class Load:
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
-        self.thread.join(30)
+        self.thread.join(60)
 
     def failed(self, after: float = 0.0) -> list[Request]:
         """Requests sent at or after ``after`` (wall clock) that failed."""

@@ -31,7 +31,7 @@ from testbed.pytest_fixtures import skip_reason
 
 from ..loopback import wait_until
 from . import launch
-from .deployed import Deployed
+from .deployed import Deployed, Load
 
 INSTANCE = "6"
 REPO = launch.REPO
@@ -288,4 +288,55 @@ def test_failover_playbook(deployment: dict[str, Any]) -> None:
     assert gone, "the agents did not tear the cohort down for the planned failover"
     graceful = [e for e in events() if e["event"] == "ranks-terminating" and e["cohort"] == serving]
     assert graceful and graceful[-1]["detail"]["grace_s"] == 5.0, "a planned failover must SIGTERM first"
+    assert_whole()
+
+
+# -- playbooks/upgrade.yml (issue #15) -------------------------------------------------------------------------- #
+def engine_vars(extra_args: list[str]) -> str:
+    """The testbed's gms_engine with other extra_args (the inventory's dict, templated value kept)."""
+    return json.dumps({"gms_engine": {"backend": "standin", "tensor_parallel_size": 3, "gpus_per_node": 1,
+                                      "extra_args": extra_args}})
+
+
+def running_argv(host: str, cohort: int) -> list[str]:
+    pid = main_pid(host, f"{UNIT}-engine@{cohort}.service")
+    return on(host, "cat", f"/proc/{pid}/cmdline").rstrip("\0").split("\0")
+
+
+def test_upgrade_changes_the_engines_arguments_under_load_without_a_failed_request(deployment) -> None:
+    """Shadows first, then the serving cohort by planned failover: every cohort ends on the new arguments, the
+    lock changed hands once, and an application using the OpenAI SDK (half its requests streaming) saw no failure."""
+    serving = int(lock_holder().rsplit("-", 1)[1])
+    with Load(d, rate=10.0, duration_s=170, client="openai") as load:
+        time.sleep(1)
+        proc = playbook("upgrade.yml", "-e", engine_vars(["--max-model-len", "2048"]), timeout=400)
+        time.sleep(2)
+    assert proc.returncode == 0, tail(proc)
+    assert "every cohort on the new configuration" in proc.stdout
+    for host in ("node0", "node1", "node2"):
+        for cohort in (0, 1):
+            assert running_argv(host, cohort)[-2:] == ["--max-model-len", "2048"], (host, cohort)
+    assert lock_holder() == f"engine-{1 - serving}", "the serving cohort did not hand over"
+    failed_sdk = [r for r in load.requests if not r.ok]
+    failed_raw = [r for r in load.requests if r.first_ok is False]
+    print(f"\n[figure] upgrade: {len(load.requests)} requests ({sum(r.stream for r in load.requests)} streaming), "
+          f"failed_raw {len(failed_raw)}, failed_sdk {len(failed_sdk)}")
+    assert load.requests and not failed_sdk, load.summary()
+    assert_whole()
+
+
+def test_an_upgrade_the_engine_refuses_rolls_back_with_the_old_primary_serving(deployment) -> None:
+    serving = lock_holder()
+    before = {(h, c): running_argv(h, c) for h in ("node0", "node1", "node2") for c in (0, 1)}
+    with Load(d, rate=10.0, duration_s=170, client="openai") as load:
+        proc = playbook("upgrade.yml", "-e", engine_vars(["--max-model-len", "lots"]), "-e",
+                        "engine_ready_timeout_s=60", timeout=400)
+    assert proc.returncode != 0 and "upgrade rolled back" in proc.stdout, tail(proc)
+    assert "not a number of tokens" in proc.stdout, "the rollback does not say what the engine refused"
+    assert lock_holder() == serving, "the old primary stopped serving"
+    for (host, cohort), argv in before.items():
+        assert running_argv(host, cohort) == argv, f"{host} cohort {cohort} is not back on its old command"
+    plan = d.plan()
+    assert plan.cohort(0).ranks[0].process.argv[-2:] == ("--max-model-len", "2048"), "the agents' plan is not the old one"
+    assert not [r for r in load.requests if not r.ok], load.summary()
     assert_whole()

@@ -108,3 +108,17 @@ def test_engine_files_and_the_cohorts_they_change(filters: dict) -> None:
     assert changed(plan, []) == [] and changed(plan, [dropin.format(1)]) == []  # a new directory alone
     assert changed(plan, [f"{dropin.format(2)}/model.conf", "/var/lib/shadowline/llama/engines/0"]) == [2]
     assert changed(plan, [template]) == [0, 1, 2]
+
+
+def test_the_serving_cohort_and_the_cohorts_not_on_the_plans_command(filters: dict) -> None:
+    """playbooks/upgrade.yml's two filters: who holds the lock, and whose running command is not the plan's."""
+    hv, hosts = hostvars(2, gms_cohorts=3, gms_engine={"tensor_parallel_size": 16})
+    contract, _problems = parse_contract(hv, hosts)
+    plan = build_plan(contract).to_dict()
+    serving = filters["serving_cohort"]
+    assert (serving(plan, "engine-2\n"), serving(plan, ""), serving(plan, "engine-7"), serving(plan, "x")) == (2, -1, -1, -1)
+    argv = {c["cohort"]: next(r for r in c["ranks"] if r["host"] == "node1")["process"]["argv"] for c in plan["cohorts"]}
+    running = [{"item": {"cohort": 0}, "stdout_lines": argv[0]},
+               {"item": {"cohort": 1}, "stdout_lines": argv[1][:-1]},  # an older command
+               {"item": {"cohort": 2}, "stdout_lines": []}]  # not running
+    assert filters["stale_cohorts"](plan, "node1", running) == [1, 2]

@@ -48,6 +48,16 @@ class Shutdown(Exception):
 
 # -- input ---------------------------------------------------------------------------------------- #
 
+def model_len(text: str) -> int:
+    """vLLM's ``--max-model-len``: a number of tokens, with an optional k or m (``32k``); anything else is refused
+    at start, as vLLM's argument parser refuses it (the stand-in models no context length beyond that)."""
+    scale = {"k": 1000, "m": 1000 ** 2}.get(text[-1:].lower(), 1)
+    digits = text[:-1] if scale != 1 else text
+    if not digits.isdigit() or int(digits) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of tokens (e.g. 32768 or 32k)")
+    return int(digits) * scale
+
+
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(prog="python -m shadowline.standin.engine", allow_abbrev=False,
                                 description="CPU stand-in for python -m dynamo.vllm (shadow failover).")
@@ -65,6 +75,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--master-addr", default="127.0.0.1")
     p.add_argument("--master-port", type=int, default=29501)
     p.add_argument("--headless", action="store_true")
+    p.add_argument("--max-model-len", type=model_len, default=None)
     p.add_argument("--distributed-timeout-seconds", type=int, default=None,
                    help="vLLM's process-group timeout; the emulated NCCL watchdog ends a stuck rank after it")
     return p.parse_known_args(argv)
