@@ -12,17 +12,20 @@ short_description: Planned or forced failover of one engine cohort across all no
 version_added: "0.1.0"
 description:
   - Declares the cohort's current generation failed in the deployment's etcd, exactly as a node agent does when
-    it detects a failure (one compare-and-swap on the cohort's slot, reason C(planned-failover) or
-    C(forced-failover)). Every node's agent then tears its rank of that generation down (the whole cohort on
-    every node, or none), the driver agent verifies that a parked shadow takes the failover lock (when the
+    it detects a failure (one compare-and-swap on the cohort's slot, reason C(planned-failover),
+    C(handover-failover) or C(forced-failover)). Every node's agent then tears its rank of that generation down
+    (the whole cohort on every node, or none), the driver agent verifies that a parked shadow takes the failover lock (when the
     cohort served) and relaunches the cohort as a fresh shadow.
   - Waits for the promotion and the relaunch and returns the timeline, from the driver's event log.
   - A slot the agents marked C(dead) after a crash loop is revived instead - a new generation is launched with
     its crash-loop count reset (fix the cause first).
-  - C(planned) refuses to fail the serving cohort over while no shadow is parked (serving would stop until the
-    relaunch); C(forced) does it anyway. The agents stop the ranks with SIGTERM, wait
+  - C(planned) and C(handover) refuse to fail the serving cohort over while no shadow is parked (serving would
+    stop until the relaunch); C(forced) does it anyway. The agents stop the ranks with SIGTERM, wait
     C(gms_failover.planned_grace_s) (planned, default 5 s, so that the engines drain) or
-    C(gms_failover.term_grace_s) (forced, default 0, at once), then SIGKILL - see docs/drills.md.
+    C(gms_failover.term_grace_s) (handover and forced, default 0, at once), then SIGKILL - see docs/drills.md.
+  - C(handover) is what C(playbooks/upgrade.yml) uses. A draining Dynamo 1.6.1 engine deregisters itself and the
+    frontend answers 404 (which no client retries) until the successor registers; an engine ended at once stays
+    registered until its successor does, so clients see only 503s, which the OpenAI SDK retries.
   - Runs on the leader node (node rank 0), where the lock and the driver agent's event log are; use
     C(delegate_to) and C(run_once) (C(playbooks/failover.yml) does).
 options:
@@ -35,10 +38,10 @@ options:
     type: int
     required: true
   mode:
-    description: C(planned) or C(forced) (see the description).
+    description: C(planned), C(handover) or C(forced) (see the description).
     type: str
     default: planned
-    choices: [planned, forced]
+    choices: [planned, handover, forced]
   wait:
     description: Wait for the promotion (if the cohort served) and the relaunch.
     type: bool
@@ -86,7 +89,7 @@ action:
   returned: always
   type: str
 reason:
-  description: The reason recorded, C(planned-failover) or C(forced-failover).
+  description: The reason recorded, C(planned-failover), C(handover-failover) or C(forced-failover).
   returned: always
   type: str
 generation_before:
@@ -133,7 +136,7 @@ def main() -> None:
         argument_spec={
             "plan": {"type": "dict", "required": True},
             "cohort": {"type": "int", "required": True},
-            "mode": {"type": "str", "default": "planned", "choices": ["planned", "forced"]},
+            "mode": {"type": "str", "default": "planned", "choices": ["planned", "handover", "forced"]},
             "wait": {"type": "bool", "default": True},
             "timeout_s": {"type": "float", "default": 120},
         },

@@ -126,6 +126,13 @@ def test_planned_failover_gives_the_grace_sigterm_then_sigkill():
     assert teardowns_due(terminating, {0: True}, at(5.0)) == [KillRest(0)]
 
 
+def test_a_handover_ends_the_ranks_at_once():
+    """playbooks/upgrade.yml's handover: no drain (a draining engine deregisters itself: a 404 window)."""
+    r = rank()
+    handover = slot(0, 1, FAILED, reason="handover-failover")
+    assert slot_failed(handover, memory(r), FAILOVER)[-1] == TearDown(r, handover.since, FAILOVER.term_grace_s)
+
+
 def test_a_rank_that_outlives_sigkill_is_never_confirmed_gone_while_its_cgroup_has_processes():
     """Fault matrix row 9: a process in an uninterruptible wait survives SIGKILL for seconds."""
     r = rank(generation=2)

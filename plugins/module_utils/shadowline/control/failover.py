@@ -7,9 +7,9 @@ new generation is launched with its crash-loop count reset.
 ``unfence`` removes a node's fence (written by its agent when a GPU fault took the GPU out of service): the driver
 then relaunches the slots it held.
 
-Reasons recorded in the slot and the events: ``planned-failover`` or ``forced-failover``. Planned refuses to
-fail the serving cohort over when no parked shadow could take over (serving would stop until the relaunch);
-forced does it anyway. Runs on the leader node (it reads the lock and the driver's event log there).
+Reasons recorded in the slot and the events: ``planned-failover``, ``handover-failover`` or ``forced-failover``.
+Planned and handover refuse to fail the serving cohort over when no parked shadow could take over (serving would
+stop until the relaunch); forced does it anyway. Runs on the leader node (it reads the lock and the driver's event log there).
 """
 
 from __future__ import annotations
@@ -26,7 +26,11 @@ from .etcd_client import EtcdError
 from .events import read_events
 from .lock import parse_holder
 
-MODES = ("planned", "forced")
+# planned: SIGTERM and planned_grace_s (the engines drain); handover: the same refusal, then term_grace_s (at once);
+# forced: no refusal, term_grace_s. A draining Dynamo 1.6.1 engine deregisters itself, and the frontend drops the
+# model until the successor registers (404, which no client retries); one ended at once stays registered until
+# the agents see its successor, so the window is 503s, which clients retry (docs/drills.md, Upgrades).
+MODES = ("planned", "handover", "forced")
 
 
 class FailoverError(Exception):
@@ -45,7 +49,7 @@ def describe(slots: dict[int, tuple[Slot, int]], holder: str | None) -> str:
 def plan_failover(plan: Plan, cohort: int, mode: str) -> dict[str, Any]:
     """What a failover of ``cohort`` would do now: {action, slot, revision, slots, holder, serving, after}."""
     if mode not in MODES:
-        raise FailoverError(f"mode={mode!r}: planned or forced")
+        raise FailoverError(f"mode={mode!r}: planned, handover or forced")
     if not plan.has_cohort(cohort):
         raise FailoverError(f"cohort {cohort} is not in the plan (cohorts 0..{len(plan.cohorts) - 1})")
     try:
@@ -65,7 +69,7 @@ def plan_failover(plan: Plan, cohort: int, mode: str) -> dict[str, Any]:
         after[cohort] = (Slot(cohort=cohort, generation=slot.generation + 1, state=LAUNCHING,
                               reason=f"{mode}-failover: revived"), 0)
     elif slot.state in (RUNNING, LAUNCHING):
-        if mode == "planned" and cohort == serving and not parked:
+        if mode in ("planned", "handover") and cohort == serving and not parked:
             raise FailoverError(f"cohort {cohort} serves and no shadow is parked to take over: a planned failover "
                                 "would stop serving until the relaunch. Fix: wait for a parked shadow "
                                 "(playbooks/status.yml), or use mode=forced")

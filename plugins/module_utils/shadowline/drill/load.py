@@ -82,6 +82,8 @@ def run_load(url: str, model: str, rate: float = 20.0, duration_s: float = 30.0,
         threads.append(thread)
     for thread in threads:
         thread.join(longest_s + 5)
+    if sdk:
+        sdk.close()
     return sorted(results, key=lambda r: r.seq)
 
 

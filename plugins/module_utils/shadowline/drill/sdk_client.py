@@ -82,6 +82,10 @@ class SdkClient:
         self.client = openai.OpenAI(base_url=f"{url.rstrip('/')}/v1", api_key=API_KEY, http_client=http,
                                     timeout=timeout_s)
 
+    def close(self) -> None:
+        """Close the pooled connections (a finished load must leave no socket open to the frontend)."""
+        self.client.close()
+
     @property
     def longest_s(self) -> float:
         """How long one request may take with every retry: each attempt's timeout, and the back-off between."""
