@@ -326,3 +326,22 @@ def test_events_of_a_cohort_without_a_generation_are_not_teardowns() -> None:
     evidence["events"].append({"cohort": 0, "generation": None, "event": "gms-republish", "node": "node0",
                                "time": t0 + 0.5, "detail": {"detail": "the writer is relaunching already"}})
     assert compute_report(evidence)["fault"] == "kill-gms"
+
+
+def test_requests_through_the_sdk_count_both_ways_and_name_the_first_attempts_error() -> None:
+    """A request whose first attempt got a 503 and whose SDK retry was served: failed for a client without
+    retries (the window, the table's 503), served for the application (failed_sdk)."""
+    evidence = recorded("kill-leader")
+    t0 = evidence["fault"]["injected_at"]
+    plain_failed = [r for r in evidence["requests"] if not r["ok"] and r["end"] >= t0]
+    for r in plain_failed:  # the same requests, as the SDK client records them: its retry was served
+        r.update({"first_ok": False, "first_status": r["status"], "ok": True, "status": 200, "attempts": 2,
+                  "stream": False})
+    for r in evidence["requests"]:
+        r.setdefault("first_ok", True)
+    report = compute_report(evidence)
+    requests = report["requests"]
+    assert requests["failed_raw"] == requests["failed"] == len(plain_failed) > 0
+    assert requests["failed_sdk"] == 0 and requests["client"] == "openai"
+    assert "200" not in requests["errors"] and sum(requests["errors"].values()) == len(plain_failed)
+    assert "through the OpenAI SDK: 0 failed after its retries" in "\n".join(render_timeline_table(report))

@@ -101,7 +101,8 @@ def test_both_counts_come_out_of_the_sdks_own_retries(server):
     script.plans = {1: ["503", "ok"], 2: ["404"], 3: ["cut"], 4: ["ok"], 5: ["ok"]}
     client = SdkClient(url, timeout_s=5.0)
     retried = client.send("m", 1, stream=False)
-    assert (retried.ok, retried.first_ok, retried.attempts, retried.status) == (True, False, 2, 200)
+    assert (retried.ok, retried.first_ok, retried.attempts, retried.status, retried.first_status) == (
+        True, False, 2, 200, 503)
     missing = client.send("m", 2, stream=False)
     assert (missing.ok, missing.first_ok, missing.attempts, missing.status) == (False, False, 1, 404)
     cut = client.send("m", 3, stream=True)

@@ -30,6 +30,7 @@ class Request:
     # attempt's (what a client without retries saw); None for a plain request, whose only attempt is ``ok``.
     attempts: int = 1
     first_ok: bool | None = None
+    first_status: int | None = None  # the first attempt's HTTP status (0: no answer)
     stream: bool = False
 
     def to_dict(self) -> dict[str, object]:

@@ -387,8 +387,13 @@ def compute_report(evidence: Evidence) -> dict[str, Any]:
 
 
 def _error_class(request: dict[str, Any]) -> str:
-    if request.get("status"):
-        return str(request["status"])
+    """What a failed request met: its HTTP status, or no answer. For one the SDK retried, its first attempt's
+    (the retry may have been served: 200 is not what failed)."""
+    status = request.get("first_status") if request.get("first_ok") is False else request.get("status")
+    if status is None:
+        status = request.get("status")
+    if status:
+        return str(status)
     error = str(request.get("error") or "error")
     return "timeout" if "timeout" in error or "within" in error else "no answer"
 

@@ -111,7 +111,8 @@ class SdkClient:
             status = attempts[-1]
         return Request(seq=seq, start=start, end=time.time(), status=status, ok=ok, error=error,
                        end_mono=time.monotonic(), attempts=max(1, len(attempts)),
-                       first_ok=ok and len(attempts) <= 1, stream=stream)
+                       first_ok=ok and len(attempts) <= 1, first_status=attempts[0] if attempts else status,
+                       stream=stream)
 
     def _complete(self, model: str, messages: List[Dict[str, str]], seq: int, stream: bool,
                   max_tokens: int) -> tuple:
