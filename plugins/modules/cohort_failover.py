@@ -124,6 +124,7 @@ timeline:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.failover import (
+    MODES,
     FailoverError,
     plan_failover,
     run_failover,
@@ -136,7 +137,7 @@ def main() -> None:
         argument_spec={
             "plan": {"type": "dict", "required": True},
             "cohort": {"type": "int", "required": True},
-            "mode": {"type": "str", "default": "planned", "choices": ["planned", "handover", "forced"]},
+            "mode": {"type": "str", "default": "planned", "choices": list(MODES)},
             "wait": {"type": "bool", "default": True},
             "timeout_s": {"type": "float", "default": 120},
         },

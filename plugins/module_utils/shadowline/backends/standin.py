@@ -57,5 +57,4 @@ class Standin(Backend):
 
 STANDIN = Standin(name="standin", engine_module="shadowline.standin.engine",
                   gms_module="shadowline.standin.gms_server", runtime_modules=(), uses_gpus=False,
-                  runtime_distributions=("ai-dynamo",),
                   progress_metrics_path="/metrics", gpu_events="fake")

@@ -389,8 +389,8 @@ def compute_report(evidence: Evidence) -> dict[str, Any]:
 def _error_class(request: dict[str, Any]) -> str:
     """What a failed request met: its HTTP status, or no answer. For one the SDK retried, its first attempt's
     (the retry may have been served: 200 is not what failed)."""
-    status = request.get("first_status") if request.get("first_ok") is False else request.get("status")
-    if status is None:
+    status = request.get("first_status")
+    if status is None:  # a plain request: its only attempt
         status = request.get("status")
     if status:
         return str(status)
