@@ -72,6 +72,10 @@ if [ -e /proc/sysrq-trigger ]; then
 fi
 mount -t tmpfs -o nosuid,nodev,mode=755 tmpfs /run
 mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /tmp
+# Container storage (python_env_mode: container) on a tmpfs of its own: podman's overlay driver cannot keep its
+# layers on the overlay root.  Empty until a deployment loads an image; only what is stored takes memory.
+mkdir -p /var/lib/containers
+mount -t tmpfs -o nosuid,nodev,mode=0700,size=4g containers /var/lib/containers
 umount -l /.testbed-oldroot
 rmdir /.testbed-oldroot
 

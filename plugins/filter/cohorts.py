@@ -65,12 +65,18 @@ def serving_cohort(plan: dict[str, Any], lock_content: str | None = None) -> int
 
 def stale_cohorts(plan: dict[str, Any], host: str, running: list[dict[str, Any]]) -> list[int]:
     """The cohorts whose rank on ``host`` does not run the plan's command: ``running`` is a looped command's
-    results over the plan's cohorts, each with the rank's ``/proc/<pid>/cmdline`` as ``stdout_lines``."""
+    results over the plan's cohorts, each with the rank's ``/proc/<pid>/cmdline`` as ``stdout_lines`` (the unit's
+    main process: in container mode ``podman run ... IMAGE`` followed by the plan's argv, so it ends with both)."""
     typed = Plan.from_dict(plan)
     stale = []
     for result in running:
         cohort = int(result["item"]["cohort"])
-        if list(result.get("stdout_lines") or []) != list(typed.cohort(cohort).rank_on(host).process.argv):
+        running_argv = list(result.get("stdout_lines") or [])
+        argv = list(typed.cohort(cohort).rank_on(host).process.argv)
+        if typed.container:
+            argv = [typed.container.image, *argv]
+            running_argv = running_argv[-len(argv):]
+        if running_argv != argv:
             stale.append(cohort)
     return stale
 

@@ -14,7 +14,7 @@ from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.
     frontend_tls_files,
     host_tls_files,
 )
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import firewall, units
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import container, firewall, units
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
 
 RENDERERS: dict[str, Callable[..., str]] = {
@@ -64,7 +64,14 @@ def frontend_endpoint(plan: dict[str, Any], where: str = "host") -> dict[str, An
     return {"url": typed.infra.frontend_url, "tls": frontend_tls_files(typed, on_controller=where == "controller")}
 
 
+def runtime_check_argv(plan: dict[str, Any], library: str) -> list[str]:
+    """The argv of shadowline.deployment.runtime_check in the deployment's runtime (the host's interpreter, or a
+    throwaway container of the image with ``library``, the host's site-packages, mounted)."""
+    typed = Plan.from_dict(plan)
+    return container.runtime_check_argv(typed.container, typed.python, library, typed.backend, typed.gpus_per_node)
+
+
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {"unit_name": unit_name, "unit_text": unit_text, "agent_endpoint": agent_endpoint,
-                "frontend_endpoint": frontend_endpoint}
+                "frontend_endpoint": frontend_endpoint, "runtime_check_argv": runtime_check_argv}

@@ -43,7 +43,7 @@ options:
     type: raw
     default: shadowline
   runtime_mode:
-    description: Value of C(python_env_mode) (C(venv), C(wheelhouse) or C(external)); how the runtime is delivered.
+    description: Value of C(python_env_mode) (C(venv), C(wheelhouse), C(external) or C(container)); how the runtime is delivered.
     type: raw
   wheelhouse:
     description: Value of C(python_env_wheelhouse); in C(wheelhouse) mode, which projects its wheels are of.

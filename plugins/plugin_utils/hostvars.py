@@ -10,7 +10,7 @@ from typing import Any
 from ansible.errors import AnsibleError
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.problems import Problem
 
-HOST_KEYS = ("ansible_host",)
+HOST_KEYS = ("ansible_host", "python_env_mode")  # python_env_mode: container changes the plan (deployment/container.py)
 
 
 def contract_hosts(task_vars: dict[str, Any], nodes_group: str, infra_group: str) -> tuple[list[str], list[str]]:

@@ -258,7 +258,7 @@ def test_a_wheelhouse_is_checked_for_every_wheel_and_a_missing_one_named():
 
 def test_an_unknown_runtime_mode_is_refused_up_front():
     (msg,) = preflight(facts(runtime_mode="conda"))
-    assert msg == ("python_env_mode (host node0): is 'conda'. Fix: use one of venv, wheelhouse, external.")
+    assert msg == ("python_env_mode (host node0): is 'conda'. Fix: use one of venv, wheelhouse, external, container.")
 
 
 def test_wheel_file_names_give_their_project():

@@ -12,6 +12,7 @@ without it (``MetricsUnavailable``: the agent says so when it starts). No Ansibl
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 from ..model.spec import status_path_for
@@ -80,7 +81,12 @@ class AgentMetrics:
             raise MetricsUnavailable(
                 "shadowline-agent: prometheus_client is not importable; run the agent with the engines' runtime "
                 "(the plan's `python`, which requirements/runtime.lock installs it into)")
-        prometheus_client.disable_created_metrics()  # no *_created series: the dashboard and rules use none
+        # no *_created series: the dashboard and rules use none (prometheus_client before 0.17, Debian 12's package
+        # that a container-mode host's agent imports, reads only the environment variable)
+        if hasattr(prometheus_client, "disable_created_metrics"):
+            prometheus_client.disable_created_metrics()
+        else:
+            os.environ["PROMETHEUS_DISABLE_CREATED_SERIES"] = "True"
         self.registry = CollectorRegistry(auto_describe=True)
         self.constant = {"deployment": deployment, "node": node}
         self.cohorts = tuple(cohorts)

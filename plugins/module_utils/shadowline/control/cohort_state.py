@@ -19,7 +19,7 @@ from .failover_metrics import EngineFailoverView, engine_failover_view
 from .http import http_get
 from .lock import is_locked, read_holder
 from .policy import HangPolicy
-from .proc import unit_properties
+from .proc import container_main_pid, unit_properties
 from .progress import parse_sample
 
 LEADER_STATES = {"standby": "parked", "waking": "waking", "active": "active", "init": "starting"}
@@ -28,10 +28,11 @@ __all__ = ["http_get", "leader_base", "leader_state", "leader_view", "lock_holde
 
 
 def unit_status(unit: str) -> dict[str, Any]:
-    """ActiveState and MainPID of a systemd unit ("inactive", 0 when systemd does not know it)."""
-    props = unit_properties(unit, "ActiveState", "SubState", "MainPID")
+    """ActiveState and the main process of a systemd unit ("inactive", 0 when systemd does not know it): MainPID,
+    or in a container unit the container's first process, the one that runs the plan's argv."""
+    props = unit_properties(unit, "ActiveState", "SubState", "MainPID", "ControlGroup")
     return {"active_state": props.get("ActiveState", "unknown"), "sub_state": props.get("SubState", "unknown"),
-            "pid": int(props.get("MainPID", "0") or 0)}
+            "pid": container_main_pid(props.get("ControlGroup")) or int(props.get("MainPID", "0") or 0)}
 
 
 def leader_base(plan: Plan, cohort: int) -> str:
@@ -67,8 +68,8 @@ def rank_states(plan: Plan, host: str, health_timeout_s: float = 1.0) -> list[di
         if rank is None:
             continue
         unit = plan.unit_name("engine", cohort.cohort)
-        props = unit_properties(unit, "ActiveState", "MainPID")
-        pid = int(props.get("MainPID", "0") or 0)
+        status = unit_status(unit)
+        pid, props = status["pid"], {"ActiveState": status["active_state"]}
         entry: dict[str, Any] = {
             "cohort": cohort.cohort, "role": cohort.role, "host": host, "rank": rank.node_rank,
             "leader": rank.leader, "unit": unit, "pid": pid, "health": None,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..deployment.plan import Plan
 from .http import http_get
 from .memory import LocalRank
-from .proc import alive, cgroup_pids, monotonic_to_unix, pidfd_open, unit_properties
+from .proc import alive, cgroup_pids, container_main_pid, monotonic_to_unix, pidfd_open, unit_properties
 from .progress import ProgressSample, parse_sample
 
 
@@ -37,7 +37,8 @@ def track(plan: Plan, host: str, cohort: int, generation: int) -> LocalRank | No
     is not active (or its main process exited meanwhile)."""
     unit = plan.unit_name("engine", cohort)
     props = unit_properties(unit, "MainPID", "ActiveState", "ControlGroup", "ExecMainStartTimestampMonotonic")
-    pid = int(props.get("MainPID", "0") or 0)
+    # in a container unit, the engine itself once its container runs (podman's own exit trails it by ~0.8 s)
+    pid = container_main_pid(props.get("ControlGroup")) or int(props.get("MainPID", "0") or 0)
     if props.get("ActiveState") != "active" or not pid:
         return None
     pidfd = pidfd_open(pid)

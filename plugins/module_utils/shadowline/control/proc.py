@@ -58,6 +58,37 @@ def cgroup_pids(cgroup: str) -> list[int]:
     return []
 
 
+PAYLOAD_CGROUP = "libpod-payload-"  # podman --cgroups split: the container's processes, in a child of the unit's cgroup
+
+
+def container_main_pid(cgroup: str | None) -> int | None:
+    """In a container unit (python_env_mode container), the container's first process: the one that runs the plan's
+    argv, whose parent (conmon) is outside the payload's cgroup. None for any other unit or when it is gone."""
+    if not cgroup:
+        return None
+    for root in CGROUP_ROOTS:
+        try:
+            children = [d for d in os.listdir(root + cgroup) if d.startswith(PAYLOAD_CGROUP)]
+        except OSError:
+            continue
+        members = set(cgroup_pids(f"{cgroup}/{children[0]}")) if children else set()
+        for pid in sorted(members):
+            stat = _parent(pid)
+            if stat is not None and stat not in members:
+                return pid
+        return None
+    return None
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
 def kill_cgroup(cgroup: str, sig: int = signal.SIGKILL) -> int:
     """Send ``sig`` to every process of the cgroup; returns how many were signalled."""
     count = 0

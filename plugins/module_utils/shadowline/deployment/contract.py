@@ -16,6 +16,7 @@ from ..backends import NAMES as BACKENDS
 from ..model.errors import SpecError
 from ..model.spec import DEFAULT_FORMAT, FORMATS, MODEL_ID_RE, PINNED_RE, parse_source
 from .addresses import ADDRESS_FIX, address_problem
+from .container import RUNTIME_MODE, Container, parse_container
 from .problems import Problem
 from .values import Reader, as_bool, describe, suggest
 
@@ -114,7 +115,7 @@ KNOWN_VARIABLES = [
     "gms_model_allow_unpinned", "gms_model_allow_pickle", "gms_model_verify", "gms_model_hf_token_file",
     "gms_failover", "gms_slurm",
     "gms_monitoring", "gms_insecure", "gms_secrets_dir", "gms_firewall_allow", "gms_frontend_allow",
-    "gms_frontend_tls", "gms_binaries",
+    "gms_frontend_tls", "gms_binaries", "gms_container",
 ]
 # gms_frontend_tls: the OpenAI API in plain HTTP (the default), over HTTPS with the frontend host's certificate of
 # the deployment's CA, or over HTTPS that also wants a client certificate of that CA (docs/security.md).
@@ -238,6 +239,7 @@ class Contract:
     frontend_allow: tuple[str, ...] = ()  # gms_frontend_allow: who may reach the frontend (empty: anyone)
     frontend_tls: str = FRONTEND_TLS_PLAIN  # gms_frontend_tls: plain, tls (HTTPS) or mutual (HTTPS, client certificates)
     binaries: Binaries = Binaries()  # gms_binaries: the etcd and nats-server executables on the infra hosts
+    container: Container | None = None  # python_env_mode container: the image the GPU processes run from
 
     @property
     def leader(self) -> Node:
@@ -320,6 +322,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
     frontend_allow = _networks(read, "gms_frontend_allow", shared.get("gms_frontend_allow", []))
     frontend_tls = _frontend_tls(read, shared.get("gms_frontend_tls", FRONTEND_TLS_PLAIN), bool(insecure))
     binaries = _parse_binaries(read, shared.get("gms_binaries"))
+    container = _parse_runtime_container(read, hostvars, node_hosts, shared, engine)
 
     socket_dir = shared.get("gms_socket_dir") or (default_socket_dir(deployment) if deployment else None)
     socket_dir = _absolute_path(read, "gms_socket_dir", socket_dir) if socket_dir else None
@@ -361,7 +364,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         allow_unpinned=bool(allow_unpinned), allow_pickle=bool(allow_pickle),
         monitoring=monitoring, insecure=bool(insecure), secrets_dir=secrets_dir or "",
         firewall_allow=tuple(firewall_allow or ()), frontend_allow=tuple(frontend_allow or ()),
-        frontend_tls=frontend_tls or FRONTEND_TLS_PLAIN, binaries=binaries or Binaries(),
+        frontend_tls=frontend_tls or FRONTEND_TLS_PLAIN, binaries=binaries or Binaries(), container=container,
     )
     return contract, problems
 
@@ -585,6 +588,19 @@ def _parse_binaries(read: Reader, value: Any) -> Binaries | None:
     if any(path is None for path in paths.values()):
         return None
     return Binaries(**paths)  # type: ignore[arg-type]
+
+
+def _parse_runtime_container(read: Reader, hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
+                             shared: dict[str, Any], engine: Engine | None) -> Container | None:
+    """The image of python_env_mode: container (gms_container, the backend's defaults), None in other modes.
+    python_env_mode is python_env's variable; the plan needs it because it changes every GPU process's unit."""
+    mode = hostvars.get(node_hosts[0], {}).get("python_env_mode")
+    if mode != RUNTIME_MODE:
+        if shared.get("gms_container") is not None:
+            read.problem("gms_container", f"is set, but python_env_mode is {describe(mode or 'venv')}.",
+                         "set python_env_mode: container to run from the image, or remove gms_container.")
+        return None
+    return parse_container(read, shared.get("gms_container"), engine.backend if engine else "")
 
 
 def _parse_memory(read: Reader, value: Any) -> Memory | None:

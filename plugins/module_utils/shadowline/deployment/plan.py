@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..backends import Backend, backend
+from .container import Container
 from .contract import (
     CONFIG_DIR,
     FRONTEND_TLS_MUTUAL,
@@ -176,6 +177,9 @@ class Plan:
     extra: dict[str, Any] = field(default_factory=dict)  # keys a newer plan carries that this code does not know
     monitoring: Monitoring | None = None  # gms_monitoring: Prometheus's host and settings (deployment/monitoring.py)
     security: Security | None = None  # None: a plan from before security (or a Slurm job's): plain, like insecure
+    # python_env_mode container: the GMS server, engines and frontend run in this image (deployment/container.py);
+    # their argv starts with the image's interpreter, and ``python`` is the host's (the agent, drills, tools)
+    container: Container | None = None
 
     @property
     def secure(self) -> bool:
@@ -340,7 +344,18 @@ def _plan_from_dict(data: dict[str, Any]) -> Plan:
         extra={k: v for k, v in data.items() if k not in known},
         monitoring=Monitoring(**_known(Monitoring, data["monitoring"])) if data.get("monitoring") else None,
         security=_security(data["security"]) if data.get("security") else None,
+        container=_container(data["container"]) if data.get("container") else None,
     )
+
+
+def _container(data: dict[str, Any]) -> Container:
+    known = _known(Container, data)
+    return Container(**{**known, "devices": tuple(known.get("devices") or ())})
+
+
+def runtime_python(contract: Contract) -> str:
+    """The interpreter that runs the GMS server, the engines and the frontend: the image's in container mode."""
+    return contract.container.python if contract.container else contract.python
 
 
 def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str | None = None) -> Plan:
@@ -361,7 +376,7 @@ def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str
         failover=contract.failover, model_id=contract.model.id,
         model_dir=contract.model.local_dir, revision=contract.model.revision, socket_dir=contract.socket_dir,
         lock_path=contract.lock_path, nodes=contract.nodes, infra=infra, gms_servers=gms_servers, cohorts=cohorts,
-        python=contract.python, monitoring=contract.monitoring, security=security,
+        python=contract.python, monitoring=contract.monitoring, security=security, container=contract.container,
     )
 
 
@@ -377,7 +392,7 @@ def _infra_plan(contract: Contract, dirs: _Dirs, security: Security) -> InfraPla
     scheme = "nats" if security.insecure else "tls"  # Dynamo wants tls:// whenever NATS_TLS_* is set
     nats = ",".join(f"{scheme}://{n.address}:{ports.nats}" for n in contract.infra_hosts)
     first = contract.infra_hosts[0]
-    argv = (contract.python, "-m", "dynamo.frontend", "--http-host", contract.frontend_bind,
+    argv = (runtime_python(contract), "-m", "dynamo.frontend", "--http-host", contract.frontend_bind,
             "--http-port", str(ports.frontend), "--migration-limit", str(FRONTEND_MIGRATION_LIMIT))
     env = {
         **_discovery_env(etcd, nats, security),
@@ -494,7 +509,7 @@ def request_plane_tls(security: Security) -> dict[str, str]:
 
 
 def _gms_server(contract: Contract, node: Node) -> Process:
-    argv = (contract.python, "-m", backend(contract.engine.backend).gms_module)
+    argv = (runtime_python(contract), "-m", backend(contract.engine.backend).gms_module)
     env = {"GMS_SOCKET_DIR": contract.socket_dir, "SHADOWLINE_DEPLOYMENT": contract.deployment}
     env.update(_backend_env(contract, node))
     return Process(host=node.host, argv=argv, env=env)
@@ -515,7 +530,7 @@ def _rank_plan(contract: Contract, infra: InfraPlan, security: Security, cohort:
                node: Node) -> RankPlan:
     engine = contract.engine
     headless = node.rank != 0
-    argv = [contract.python, "-m", backend(engine.backend).engine_module,
+    argv = [runtime_python(contract), "-m", backend(engine.backend).engine_module,
             "--model", contract.model.local_dir, "--served-model-name", contract.model.id,
             "--load-format", "gms", "--enforce-eager", "--enable-sleep-mode",
             "--tensor-parallel-size", str(engine.tensor_parallel_size)]

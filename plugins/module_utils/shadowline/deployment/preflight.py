@@ -6,6 +6,7 @@ node facts gathered by node_facts.gather on each node. Output: the Contract (whe
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,7 +123,7 @@ def _gpu_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list[
     return []
 
 
-RUNTIME_MODES = ("venv", "wheelhouse", "external")
+RUNTIME_MODES = ("venv", "wheelhouse", "external", "container")
 
 
 def _python_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list[Problem]:
@@ -146,7 +147,23 @@ def _python_problems(contract: Contract, host: str, facts: dict[str, Any]) -> li
         return []
     if mode == "wheelhouse":
         return _wheelhouse_problems(strategy.runtime_distributions, host, facts.get("wheelhouse"))
+    if mode == "container":
+        return _image_problems(contract, host)
     return _external_problems(contract, host, facts.get("python"), list(strategy.runtime_modules))
+
+
+def _image_problems(contract: Contract, host: str) -> list[Problem]:
+    """container: the image's archive (when one is named) is on the controller, where preflight runs; without one
+    the nodes pull the reference once (python_env), and a node that has the image already never pulls it."""
+    container = contract.container
+    if container is None or not container.archive or host != contract.nodes[0].host:
+        return []
+    path = os.path.expanduser(container.archive)
+    if not os.path.isfile(path):
+        return [Problem("gms_container.archive", f"{container.archive} is not a file on the controller.",
+                        "build it (make standin-image for the stand-in; podman save -o FILE IMAGE for another "
+                        "image), or leave gms_container.archive empty to pull the image.")]
+    return []
 
 
 def _external_problems(contract: Contract, host: str, python: dict[str, Any] | None,

@@ -9,6 +9,7 @@ Functions take the typed plan; Ansible filters turn the `gms_plan` fact into one
 
 from __future__ import annotations
 
+from .container import podman_run, stop_post
 from .plan import Plan, Process, on_host
 
 # The one home of the units' sandboxing (docs/security.md has each unit's `systemd-analyze security` figure).
@@ -92,9 +93,11 @@ def exec_start(argv: tuple[str, ...] | list[str]) -> str:
 
 def service_unit(description: str, process: Process, read_write: list[str], *, user: str | None,  # noqa: PLR0913 (keyword-only settings of one unit)
                  after: list[str], restart: str, extra: tuple[str, ...] = (),
-                 sandbox: tuple[tuple[tuple[str, str], ...], ...] = (UNPRIVILEGED,), service_type: str = "exec") -> str:
+                 sandbox: tuple[tuple[tuple[str, str], ...], ...] | None = (UNPRIVILEGED,),
+                 service_type: str = "exec") -> str:
     """A hardened service unit running ``process`` verbatim (every long-running process of a deployment but the
-    engines, whose template unit is engine_template)."""
+    engines, whose template unit is engine_template). ``sandbox`` None: no systemd sandbox (a container unit,
+    whose podman needs root and namespaces; the container is the sandbox)."""
     unit = [
         "[Unit]",
         f"Description={description}",
@@ -109,15 +112,43 @@ def service_unit(description: str, process: Process, read_write: list[str], *, u
     unit.append(exec_start(process.argv))
     unit += [f"Restart={restart}"] + (["RestartSec=1"] if restart != "no" else [])
     unit += ["KillMode=control-group", *extra, "TimeoutStopSec=10"]
-    unit += hardening(*sandbox) + [f"{k}={v}" for k, v in LIMITS]
-    unit += [f"ReadWritePaths={' '.join(sorted(set(read_write)))}"] if read_write else []
+    unit += hardening(*sandbox) if sandbox is not None else []
+    unit += [f"{k}={v}" for k, v in LIMITS]
+    unit += [f"ReadWritePaths={' '.join(sorted(set(read_write)))}"] if read_write and sandbox is not None else []
     unit += ["", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(unit).replace("After=network-online.target \n", "After=network-online.target\n")
 
 
+def container_process(plan: Plan, unit: str, process: Process, mounts: list[tuple[str, bool]],
+                      extra_env: tuple[str, ...] = ()) -> Process:
+    """``process`` run in the deployment's image (python_env_mode container): the same argv and environment, the
+    ``mounts`` (path, writable) and the deployment's secrets (read-only) at the same paths."""
+    if plan.container is None:
+        raise ValueError("the plan has no container (python_env_mode is not container)")
+    secrets = [(plan.security.dir, False)] if plan.security and not plan.security.insecure else []
+    argv = podman_run(plan.container, unit, process.argv, [*process.env, *extra_env], mounts + secrets,
+                      plan.service_user)
+    return Process(host=process.host, argv=tuple(argv), env=process.env, files=process.files)
+
+
+def container_unit_lines(unit: str) -> tuple[str, ...]:
+    """What a container unit adds: its own cgroup subtree for podman (conmon and the container stay in the unit's
+    cgroup, --cgroups split), and the container removed after every stop."""
+    return ("Delegate=yes", stop_post(unit))
+
+
+CREDENTIAL_NAMES = ("ETCD_AUTH_USERNAME", "ETCD_AUTH_PASSWORD")  # from dynamo_credentials' EnvironmentFile
+
+
 def gms_unit(plan: Plan, host: str) -> str:
-    return service_unit(f"shadowline {plan.deployment}: GPU Memory Service server", plan.gms_server_on(host),
-                        [plan.socket_dir], user=plan.service_user, after=[], restart="on-failure")
+    description = f"shadowline {plan.deployment}: GPU Memory Service server"
+    process = plan.gms_server_on(host)
+    if plan.container:
+        unit = plan.unit_name("gms")
+        return service_unit(description, container_process(plan, unit, process, [(plan.socket_dir, True)]), [],
+                            user=None, after=[], restart="on-failure", extra=container_unit_lines(unit), sandbox=None)
+    return service_unit(description, process, [plan.socket_dir], user=plan.service_user, after=[],
+                        restart="on-failure")
 
 
 def etcd_unit(plan: Plan, host: str) -> str:
@@ -135,10 +166,16 @@ def nats_unit(plan: Plan, host: str) -> str:
 def frontend_unit(plan: Plan) -> str:
     process = plan.infra.frontend
     infra = [plan.unit_name("etcd"), plan.unit_name("nats")]
+    description = f"shadowline {plan.deployment}: Dynamo frontend (OpenAI API)"
     # always: Dynamo's runtime ends the frontend with status 0 when its etcd lease is lost (a long etcd outage)
-    return service_unit(f"shadowline {plan.deployment}: Dynamo frontend (OpenAI API)", process,
-                        [process.env["HOME"]], user=plan.service_user, after=infra, restart="always",
-                        extra=dynamo_credentials(plan), sandbox=(UNPRIVILEGED, INFRA))
+    if plan.container:
+        unit = plan.unit_name("frontend")
+        wrapped = container_process(plan, unit, process, [(process.env["HOME"], True)],
+                                    CREDENTIAL_NAMES if plan.secure else ())
+        return service_unit(description, wrapped, [], user=None, after=infra, restart="always",
+                            extra=dynamo_credentials(plan) + container_unit_lines(unit), sandbox=None)
+    return service_unit(description, process, [process.env["HOME"]], user=plan.service_user, after=infra,
+                        restart="always", extra=dynamo_credentials(plan), sandbox=(UNPRIVILEGED, INFRA))
 
 
 def dynamo_credentials(plan: Plan) -> tuple[str, ...]:
@@ -158,13 +195,15 @@ def engine_template(plan: Plan) -> str:
         "",
         "[Service]",
         "Type=exec",
-        f"User={plan.service_user}",
-        f"Group={plan.service_user}",
+        *([] if plan.container else [f"User={plan.service_user}", f"Group={plan.service_user}"]),
         "Restart=no",
         "KillMode=control-group",
         "TimeoutStopSec=5",
         *dynamo_credentials(plan),
     ]
+    if plan.container:  # podman as root; the container is the sandbox (deployment/container.py)
+        unit += ["Delegate=yes"] + [f"{k}={v}" for k, v in LIMITS] + [""]
+        return "\n".join(unit)
     unit += hardening(UNPRIVILEGED) + [f"{k}={v}" for k, v in LIMITS]
     unit += [f"ReadWritePaths={plan.socket_dir} {plan.engines_dir}"]
     unit += [f"ReadOnlyPaths={plan.model_dir}", ""]
@@ -174,8 +213,14 @@ def engine_template(plan: Plan) -> str:
 def engine_dropin(plan: Plan, host: str, cohort: int) -> str:
     process = plan.cohort(cohort).rank_on(host).process
     env = {**process.env, "HOME": f"{plan.engines_dir}/{cohort}"}
-    lines = ["[Service]"] + environment_lines(env) + [exec_start(process.argv), ""]
-    return "\n".join(lines)
+    lines = ["[Service]"] + environment_lines(env)
+    if plan.container:
+        unit = plan.unit_name("engine", cohort)
+        mounts = [(plan.socket_dir, True), (f"{plan.engines_dir}/{cohort}", True), (plan.model_dir, False)]
+        wrapped = container_process(plan, unit, Process(host=host, argv=process.argv, env=env), mounts,
+                                    CREDENTIAL_NAMES if plan.secure else ())
+        return "\n".join(lines + [exec_start(wrapped.argv), stop_post(unit), ""])
+    return "\n".join(lines + [exec_start(process.argv), ""])
 
 
 def engine_model_dropin(digest: str) -> str:
