@@ -96,6 +96,10 @@ def test_the_shapes_are_the_ones_the_examples_promise():
     assert "16" == two.cohort(0).ranks[0].process.argv[two.cohort(0).ranks[0].process.argv.index("--tensor-parallel-size") + 1]
     one = preflight("one-node-tp8").plan
     assert (len(one.nodes), [c.role for c in one.cohorts]) == (1, ["primary", "shadow", "shadow"])
+    # container mode: NVIDIA's image, every GPU through CDI, the plan's argv after the image's name
+    dropin = units.engine_dropin(one, "gpu01", 2)
+    assert " --device nvidia.com/gpu=all " in dropin
+    assert " nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1 python3 -m dynamo.vllm --model " in dropin
     three = preflight("three-infra").plan
     assert [h.host for h in three.infra.hosts] == ["infra01", "infra02", "infra03"]
     assert three.infra.etcd_endpoints.count("http://") == 3
