@@ -141,9 +141,10 @@ def _python_problems(contract: Contract, host: str, facts: dict[str, Any]) -> li
         if "gpu-memory-service" in strategy.runtime_distributions:
             return [Problem("python_env_mode", f"is venv, which installs from the package index, but the "
                             f"{strategy.name} backend needs gpu-memory-service, which is not on PyPI.",
-                            "use python_env_mode: wheelhouse with python_env_wheelhouse holding the wheels "
-                            "(docs/gpu-cluster.md, runtime delivery), or external with gms_python pointing at an "
-                            "environment that has them.", host=host)]
+                            "use python_env_mode: container (NVIDIA's vllm-runtime image through podman), or "
+                            "wheelhouse with python_env_wheelhouse holding the wheels (docs/gpu-cluster.md, runtime "
+                            "delivery), or external with gms_python pointing at an environment that has them.",
+                            host=host)]
         return []
     if mode == "wheelhouse":
         return _wheelhouse_problems(strategy.runtime_distributions, host, facts.get("wheelhouse"))
