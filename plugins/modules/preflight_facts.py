@@ -48,6 +48,12 @@ options:
   wheelhouse:
     description: Value of C(python_env_wheelhouse); in C(wheelhouse) mode, which projects its wheels are of.
     type: raw
+  container:
+    description:
+      - Value of C(gms_container). In C(container) mode, whether the node has the image (the backend's default
+        when none is named) and, without an archive to load, whether its registry serves it (C(podman manifest
+        inspect), read-only); nothing is asked before podman is installed.
+    type: raw
 attributes:
   platform:
     platforms: posix
@@ -89,6 +95,7 @@ ansible_facts:
         gpus: null
         python: {path: /opt/shadowline/demo/venv/bin/python, exists: true, modules: {}}
         manifest_weight_bytes: null
+        image: null
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -112,6 +119,7 @@ def main() -> None:
             "service_user": {"type": "raw", "default": "shadowline"},
             "runtime_mode": {"type": "raw"},
             "wheelhouse": {"type": "raw"},
+            "container": {"type": "raw"},
         },
         supports_check_mode=True,
     )
@@ -121,7 +129,8 @@ def main() -> None:
     facts = gather(deployment=text["deployment"], lock_path=lock_path,
                    python=effective_python(p["deployment"], p["python"]), backend=text["backend"],
                    model_dir=effective_local_dir(p["model"]), service_user=text["service_user"],
-                   runtime_mode=text["runtime_mode"], wheelhouse=text["wheelhouse"])
+                   runtime_mode=text["runtime_mode"], wheelhouse=text["wheelhouse"],
+                   container=p["container"] if isinstance(p["container"], dict) else None)
     module.exit_json(changed=False, ansible_facts={"shadowline_node": facts})
 
 

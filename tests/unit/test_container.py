@@ -136,3 +136,38 @@ def test_every_container_unit_passes_systemd_analyze_verify(tmp_path: Path):
     result = subprocess.run(["systemd-analyze", "verify", *names], cwd=tmp_path, capture_output=True, text=True,
                             env={**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"}, check=False)
     assert result.returncode == 0, result.stderr
+
+
+def image_problems(image_facts: dict | None, **container) -> list[str]:
+    from shadowline.deployment.preflight import run_preflight  # noqa: PLC0415 (only these tests)
+    hv, hosts = hostvars(1, gms_engine={"tensor_parallel_size": 8}, **({"gms_container": container} if container else {}))
+    hv["node0"]["python_env_mode"] = "container"
+    facts = {"listening": [], "gpus": None, "python": None, "manifest_weight_bytes": None, "lock_dir": None,
+             "runtime_mode": "container", "image": image_facts}
+    return [str(p) for p in run_preflight(hv, hosts, [], {"node0": facts}).problems]
+
+
+def test_preflight_refuses_an_image_the_node_lacks_and_cannot_pull_before_anything_changes():
+    unreachable = {"image": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1", "podman": True, "present": False,
+                   "pullable": False, "error": 'Error: reading image "docker://nvcr.io/...": pinging container '
+                   'registry nvcr.io: no such host'}
+    (msg,) = image_problems(unreachable)
+    assert msg.startswith("gms_container.image (host node0): nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1 is not on "
+                          "this node and cannot be pulled: Error: reading image")
+    assert "Fix: log in to the registry as root (podman login)" in msg
+    assert image_problems({**unreachable, "present": True, "pullable": None, "error": None}) == []
+    assert image_problems({**unreachable, "pullable": True, "error": None}) == []
+    assert image_problems({**unreachable, "podman": False, "present": None, "pullable": None, "error": None}) == []
+    (msg,) = image_problems(None, archive="/nonexistent/image.tar")
+    assert msg == ("gms_container.archive: /nonexistent/image.tar is not a file on the controller. Fix: build it "
+                   "(make standin-image for the stand-in; podman save -o FILE IMAGE for another image), or leave "
+                   "gms_container.archive empty to pull the image.")
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/podman"), reason="podman: bindep.txt, scripts/setup-system")
+def test_the_node_fact_asks_podman_for_the_image_and_its_registry():
+    from shadowline.deployment.node_facts import image_facts  # noqa: PLC0415 (only this test)
+    facts = image_facts({"image": "localhost:1/shadowline/never-built:0"}, "standin")
+    assert (facts["podman"], facts["present"], facts["pullable"]) == (True, False, False), facts
+    assert "localhost:1" in facts["error"], facts
+    assert image_facts({"image": "localhost:1/x:0", "archive": "/tmp/x.tar"}, "standin")["pullable"] is None

@@ -16,6 +16,7 @@ from typing import Any
 from ..backends import BACKENDS
 from ..backends import backend as backend_strategy
 from ..control.proc import mounts, pids, process_cgroup, process_environ, process_name, socket_inodes, tcp_listeners
+from .container import BACKEND_IMAGES, RUNTIME_MODE
 
 NETWORK_FILESYSTEMS = {
     "nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "smbfs", "afs", "9p", "ceph", "glusterfs",
@@ -26,10 +27,11 @@ MANIFEST_NAME = "shadowline-manifest.json"
 
 def gather(deployment: str | None, lock_path: str | None, python: str | None, backend: str | None,  # noqa: PLR0913 (one per fact)
            model_dir: str | None, service_user: str | None, runtime_mode: str | None = None,
-           wheelhouse: str | None = None) -> dict[str, Any]:
+           wheelhouse: str | None = None, container: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "runtime_mode": runtime_mode,
         "wheelhouse": wheelhouse_facts(wheelhouse) if runtime_mode == "wheelhouse" and wheelhouse else None,
+        "image": image_facts(container or {}, backend) if runtime_mode == RUNTIME_MODE else None,
         "listening": listening_sockets(deployment),
         "processes": deployment_processes(deployment) if deployment else [],
         "lock_dir": path_facts(os.path.dirname(lock_path), service_user) if lock_path else None,
@@ -185,6 +187,30 @@ def project_name(wheel_file: str) -> str:
     """A wheel's project name, normalized (PEP 503): ``gpu_memory_service-0.1-py3-none-any.whl`` is
     ``gpu-memory-service``."""
     return re.sub(r"[-_.]+", "-", wheel_file.split("-", 1)[0]).lower()
+
+
+PULL_CHECK_S = 30
+
+
+def image_facts(container: dict[str, Any], backend: str | None) -> dict[str, Any]:
+    """container mode: whether the node has the image, else (without an archive to load) whether its registry
+    serves it, read-only (``podman manifest inspect``); nothing is known before podman is installed."""
+    image = container.get("image") or BACKEND_IMAGES.get(backend or "")
+    facts: dict[str, Any] = {"image": image, "podman": shutil.which("podman") is not None, "present": None,
+                             "pullable": None, "error": None}
+    if not image or not facts["podman"]:
+        return facts
+    try:
+        facts["present"] = subprocess.run(["podman", "image", "exists", image], capture_output=True,
+                                          timeout=PULL_CHECK_S, check=False).returncode == 0
+        if not facts["present"] and not container.get("archive"):
+            inspect = subprocess.run(["podman", "manifest", "inspect", image], capture_output=True, text=True,
+                                     timeout=PULL_CHECK_S, check=False)
+            facts["pullable"] = inspect.returncode == 0
+            facts["error"] = None if facts["pullable"] else (inspect.stderr.strip().splitlines() or ["?"])[-1]
+    except (OSError, subprocess.TimeoutExpired) as err:
+        facts["error"] = f"podman did not answer: {err}"
+    return facts
 
 
 def wheelhouse_facts(path: str) -> dict[str, Any]:

@@ -149,21 +149,27 @@ def _python_problems(contract: Contract, host: str, facts: dict[str, Any]) -> li
     if mode == "wheelhouse":
         return _wheelhouse_problems(strategy.runtime_distributions, host, facts.get("wheelhouse"))
     if mode == "container":
-        return _image_problems(contract, host)
+        return _image_problems(contract, host, facts.get("image"))
     return _external_problems(contract, host, facts.get("python"), list(strategy.runtime_modules))
 
 
-def _image_problems(contract: Contract, host: str) -> list[Problem]:
+def _image_problems(contract: Contract, host: str, image: dict[str, Any] | None) -> list[Problem]:
     """container: the image's archive (when one is named) is on the controller, where preflight runs; without one
-    the nodes pull the reference once (python_env), and a node that has the image already never pulls it."""
+    each node has the image or its registry serves it (node_facts.image_facts asked, read-only; a node without
+    podman yet is not asked: python_env installs it, then pulls)."""
     container = contract.container
-    if container is None or not container.archive or host != contract.nodes[0].host:
+    if container is None:
         return []
-    path = os.path.expanduser(container.archive)
-    if not os.path.isfile(path):
+    if container.archive:
+        if host != contract.nodes[0].host or os.path.isfile(os.path.expanduser(container.archive)):
+            return []
         return [Problem("gms_container.archive", f"{container.archive} is not a file on the controller.",
                         "build it (make standin-image for the stand-in; podman save -o FILE IMAGE for another "
                         "image), or leave gms_container.archive empty to pull the image.")]
+    if image and image.get("present") is False and (image.get("pullable") is False or image.get("error")):
+        return [Problem("gms_container.image", f"{container.image} is not on this node and cannot be pulled: "
+                        f"{image.get('error')}.", "log in to the registry as root (podman login), make it "
+                        "reachable, or set gms_container.archive to a podman save of the image.", host=host)]
     return []
 
 
