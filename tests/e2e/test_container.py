@@ -2,7 +2,7 @@
 stand-in packaged as a local image (scripts/build-standin-image: this machine's Debian packages, the runtime of
 `make runtime` and this project; nothing from a registry), loaded on every host by python_env from
 gms_container.archive, and site.yml, a kill-leader drill and teardown.yml with the GMS servers, the engines and the
-frontend running in it under systemd through podman.
+frontend running in it under systemd through podman; a second run changes nothing.
 
 What differs from a GPU node, and why: gms_container.runtime is runc, because the testbed's hosts have the
 machine's hybrid cgroup v1 hierarchies, which crun (podman's default on Debian 12) refuses; the stand-in's image
@@ -18,6 +18,7 @@ container; after teardown.yml no container is left, and at the end nothing of th
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -117,6 +118,16 @@ def test_every_gpu_process_runs_the_plans_argv_in_the_image(deployment: dict[str
         # the host itself has no runtime of the image: the processes cannot be running from the host's files
         probe = tb.exec_in(host, ["test", "-e", "/opt/shadowline/runtime"], timeout=10)
         assert probe.returncode == 1
+
+
+def test_a_second_run_changes_nothing_and_restarts_no_container(deployment: dict[str, Any]) -> None:
+    plan = d.plan()
+    before = {h: unit_main(h, plan.unit_name("engine", 0))["pid"] for h in HOSTS}
+    proc = d.playbook("site.yml", "--tags", "runtime,gms_server,frontend,engine,agent", timeout=600)
+    assert proc.returncode == 0, tail(proc)
+    recap = re.findall(r"^(node\d+)\s+: ok=\d+\s+changed=(\d+)", proc.stdout, re.MULTILINE)
+    assert sorted(h for h, _ in recap) == list(HOSTS) and all(c == "0" for _, c in recap), (recap, tail(proc))
+    assert {h: unit_main(h, plan.unit_name("engine", 0))["pid"] for h in HOSTS} == before
 
 
 def test_a_kill_leader_drill_kills_the_engine_and_relaunches_it_in_a_new_container(

@@ -73,20 +73,11 @@ def container_main_pid(cgroup: str | None) -> int | None:
             continue
         members = set(cgroup_pids(f"{cgroup}/{children[0]}")) if children else set()
         for pid in sorted(members):
-            stat = _parent(pid)
-            if stat is not None and stat not in members:
+            stat = proc_stat(pid)
+            if stat is not None and stat.parent not in members:
                 return pid
         return None
     return None
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[1])
 
 
 def kill_cgroup(cgroup: str, sig: int = signal.SIGKILL) -> int:
@@ -140,6 +131,7 @@ class ProcStat:
     state: str
     process_group: int
     start_ticks: int
+    parent: int = 0
 
 
 def proc_stat(pid: int) -> ProcStat | None:
@@ -150,7 +142,7 @@ def proc_stat(pid: int) -> ProcStat | None:
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 on
-    return ProcStat(state=fields[0], process_group=int(fields[2]), start_ticks=int(fields[19]))
+    return ProcStat(state=fields[0], process_group=int(fields[2]), start_ticks=int(fields[19]), parent=int(fields[1]))
 
 
 def start_ticks(pid: int) -> int | None:
