@@ -122,3 +122,18 @@ def test_the_serving_cohort_and_the_cohorts_not_on_the_plans_command(filters: di
                {"item": {"cohort": 1}, "stdout_lines": argv[1][:-1]},  # an older command
                {"item": {"cohort": 2}, "stdout_lines": []}]  # not running
     assert filters["stale_cohorts"](plan, "node1", running) == [1, 2]
+
+    # container mode: the unit's main process is `podman run ... IMAGE argv`; a rank runs the plan when it ends with
+    # the image and the plan's argv
+    hv, hosts = hostvars(2, gms_cohorts=2, gms_engine={"tensor_parallel_size": 16})
+    for host in hosts:
+        hv[host]["python_env_mode"] = "container"
+    contract, _problems = parse_contract(hv, hosts)
+    plan = build_plan(contract).to_dict()
+    argv = {c["cohort"]: next(r for r in c["ranks"] if r["host"] == "node1")["process"]["argv"] for c in plan["cohorts"]}
+    podman = ["/usr/bin/podman", "run", "--rm", "--name", "x"]
+    image = plan["container"]["image"]
+    running = [{"item": {"cohort": 0}, "stdout_lines": [*podman, image, *argv[0]]},
+               {"item": {"cohort": 1}, "stdout_lines": [*podman, "other/image:1", *argv[1]]}]  # the old image
+    assert filters["stale_cohorts"](plan, "node1", running) == [1]
+    assert filters["stale_cohorts"](plan, "node1", [{"item": {"cohort": 0}, "stdout_lines": argv[0]}]) == [0]
