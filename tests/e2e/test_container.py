@@ -147,6 +147,9 @@ def test_a_kill_leader_drill_kills_the_engine_and_relaunches_it_in_a_new_contain
     d.assert_whole()
     after = unit_main("node0", unit)
     assert after["pid"] != before["pid"] and after["image_root"] and after["argv"] == before["argv"]
+    # the agent tracks the relaunched rank by the engine's own pid, not podman's (whose exit trails the engine's)
+    launched = [e for e in d.events("node0", event="rank-launched") if e["cohort"] == 0]
+    assert launched and launched[-1]["detail"]["pid"] == after["pid"], (launched[-1:], after["pid"])
     assert containers("node0")[unit[:-len(".service")].replace("@", "-")] == "running"
 
 

@@ -32,13 +32,18 @@ def unit_state(unit: str) -> UnitState:
     return UnitState(props.get("ActiveState", "unknown"), props.get("SubState", "?"), props.get("Result", "?"))
 
 
-def track(plan: Plan, host: str, cohort: int, generation: int) -> LocalRank | None:
-    """This node's rank of ``cohort`` as systemd runs it, with a pidfd on its main process; None when the unit
-    is not active (or its main process exited meanwhile)."""
+def track(plan: Plan, host: str, cohort: int, generation: int, *, engine_only: bool = False) -> LocalRank | None:
+    """This node's rank of ``cohort`` as systemd runs it, with a pidfd on its main process (in container mode the
+    engine's, the container's first process); None when the unit is not active (or its main process exited
+    meanwhile), and with ``engine_only`` while podman has not started the container yet."""
     unit = plan.unit_name("engine", cohort)
     props = unit_properties(unit, "MainPID", "ActiveState", "ControlGroup", "ExecMainStartTimestampMonotonic")
-    # in a container unit, the engine itself once its container runs (podman's own exit trails it by ~0.8 s)
-    pid = container_main_pid(props.get("ControlGroup")) or int(props.get("MainPID", "0") or 0)
+    # in a container unit, the engine itself once its container runs (podman's own exit trails it by ~0.8 s);
+    # ``engine_only``: a start not yet tracked waits for it rather than tracking podman for the rank's whole life
+    engine = container_main_pid(props.get("ControlGroup")) if plan.container else None
+    if plan.container and engine is None and engine_only:
+        return None
+    pid = engine or int(props.get("MainPID", "0") or 0)
     if props.get("ActiveState") != "active" or not pid:
         return None
     pidfd = pidfd_open(pid)
