@@ -372,7 +372,7 @@ def test_hang_policy_is_the_one_judgement():
     assert HANG.judge(None, 3.0) == "leader-hung"
     assert HANG.canary_unanswered(3.01) and not HANG.canary_unanswered(2.99)
     assert HANG.progress_every_s == 0.3 and HangPolicy(2.0, 60.0).progress_every_s == 2.0
-    assert HangPolicy(2.0, 1.0).progress_every_s == 0.2
+    assert HangPolicy(2.0, 1.0).progress_every_s == 0.1 and HangPolicy(2.0, 0.5).progress_every_s == 0.1
 
 
 def test_the_stall_setting_keeps_long_prefills_and_slow_engines_alone():

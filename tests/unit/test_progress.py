@@ -40,6 +40,19 @@ def test_parses_vllm_progress_metrics_as_dynamo_serves_them():
     assert parse_sample(exposition(1234.0, 3.0)) == ProgressSample(tokens=1234.0, running=3.0)
 
 
+def test_dynamo_handler_gauge_counts_requests_that_vllms_gauge_has_not_seen():
+    """A step that hangs after an idle spell: vLLM's gauge stays at 0 (it is published after each step), Dynamo's
+    generate handler counts the requests that entered; other endpoints' handlers are left out."""
+    handler = ('dynamo_component_inflight_requests{dynamo_component="backend",dynamo_endpoint="generate",'
+               'dynamo_namespace="dynamo",worker_id="694d9a3c1e5f0b21"} 3\n'
+               'dynamo_component_inflight_requests{dynamo_component="backend",dynamo_endpoint="clear_kv_blocks",'
+               'dynamo_namespace="dynamo",worker_id="694d9a3c1e5f0b21"} 5\n')
+    assert parse_sample(exposition(1234.0, 0.0, extra=handler)) == ProgressSample(tokens=1234.0, running=3.0)
+    assert parse_sample(exposition(1234.0, 4.0, extra=handler)) == ProgressSample(tokens=1234.0, running=4.0)
+    assert parse_sample(exposition(1.0, 0.0, extra=handler), model_name=MODEL) == ProgressSample(1.0, 3.0)
+    assert parse_sample(handler) is None  # no vLLM metrics: not a vLLM engine (or still starting)
+
+
 def test_engine_cores_are_summed():
     assert parse_sample(exposition(100.0, 2.0, engines=2)) == ProgressSample(tokens=200.0, running=4.0)
 

@@ -3,13 +3,15 @@ back by control/progress.py), and its emulation of torch's NCCL watchdog (a stuc
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
 
 from shadowline.control.progress import ProgressSample, parse_sample
-from shadowline.standin import cohort, settings
+from shadowline.standin import cohort, settings, worker
 from shadowline.standin.progress_metrics import ProgressMetrics
+from tests.loopback import wait_until
 
 MODEL = "tiny/standin"
 
@@ -47,6 +49,40 @@ def test_a_frozen_worker_leaves_running_up_and_the_counter_still():
     metrics.observe_worker(worker_text(3, 4000))
     assert not metrics.observe_worker("")  # nothing from the worker
     assert parse_sample(metrics.render(), MODEL) == ProgressSample(tokens=4000.0, running=3.0)
+
+
+def test_a_frozen_worker_still_shows_the_requests_that_reach_it_as_dynamos_runtime_would():
+    """vLLM's gauge stays at the idle 0 it last showed; the handler gauge the leader serves for the frozen worker
+    counts the connections with requests waiting, which the agent's judge reads as requests running."""
+    metrics = ProgressMetrics(MODEL)
+    assert metrics.render_handler_while_frozen(2) == ""  # never read the worker: no labels to serve
+    metrics.observe_worker(worker_text(0, 4000))
+    assert parse_sample(metrics.render() + metrics.render_handler_while_frozen(0), MODEL) == ProgressSample(4000, 0)
+    frozen = metrics.render() + metrics.render_handler_while_frozen(2)
+    assert 'dynamo_endpoint="generate"' in frozen and 'worker_id="7a"' in frozen
+    assert parse_sample(frozen, MODEL) == ProgressSample(tokens=4000.0, running=2.0)
+
+
+def test_requests_waiting_are_read_from_the_kernels_socket_queues():
+    """A real listener and connection: bytes the 'worker' has not read show on its accepted socket's receive
+    queue; a connection it did not accept, or one it read, does not count."""
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    accepted, _unused = server.accept()
+    try:
+        def waiting() -> int:
+            with open("/proc/net/tcp", encoding="ascii") as f:
+                rows = f.readlines()[1:]
+            return worker.connections_with_unread_bytes(rows, worker.socket_inodes(os.getpid()))
+        assert waiting() == 0
+        client.sendall(b'{"request": 1}')
+        assert wait_until(lambda: waiting() == 1, 5, 0.01, "the request in the receive queue")
+        accepted.recv(100)
+        assert wait_until(lambda: waiting() == 0, 5, 0.01, "the queue read")
+        assert worker.connections_with_unread_bytes(["0: 0100007F:1F90 00000000:0000 0A 0:0 0 0 0 0 0 99"], {"1"}) == 0
+    finally:
+        for s in (client, accepted, server):
+            s.close()
 
 
 def test_watchdog_settings_from_the_environment(monkeypatch):

@@ -85,10 +85,10 @@ class HangPolicy:
 
     @property
     def progress_every_s(self) -> float:
-        """How often a leader's /metrics is read: a tenth of progress_stall_s, between 0.2 s and 2 s. A stall is
+        """How often a leader's /metrics is read: a tenth of progress_stall_s, between 0.1 s and 2 s. A stall is
         found within progress_stall_s plus one period, and a real engine's /metrics (hundreds of kilobytes of
-        histograms) is not read more often than that matters."""
-        return min(2.0, max(0.2, self.progress_stall_s / 10))
+        histograms) is not read more often than that matters (every 2 s at the default progress_stall_s)."""
+        return min(2.0, max(0.1, self.progress_stall_s / 10))
 
     def canary_unanswered(self, waited_s: float) -> bool:
         """A canary completion sent to an idle serving cohort that has given no token for this long: an idle

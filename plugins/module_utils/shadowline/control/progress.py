@@ -6,7 +6,14 @@ execution batch) and ``vllm:generation_tokens`` (a counter; the text format name
 both labelled ``model_name`` and ``engine`` (the engine-core index). Both are updated from the outputs of each engine
 step, so when a step never ends (a rank stuck in a collective) the gauge keeps its last value and the counter stands
 still: requests running with a counter that does not move is a stall, whatever ``/health`` says. An idle engine
-(running 0) shows nothing; only a request (a canary) can find an idle hang, and that is the caller's to send.
+(running 0) shows nothing in vLLM's metrics: when the step that hangs is the first after an idle spell, the gauge
+stays 0 while requests pile up behind it.
+
+Dynamo's own work handler counts those requests: ``dynamo_component_inflight_requests{dynamo_endpoint="generate"}``
+(a gauge of Dynamo's runtime, 1.6.1, on the same system port) rises as soon as a request enters the handler, which
+runs in the Dynamo runtime beside the engine core and keeps taking requests while a step hangs. The sample's
+``running`` is the larger of the two, so a hang that starts idle is judged from the first request that meets it;
+an engine that nobody sends a request to shows nothing, and only a canary (the caller's to send) finds it.
 
 A long prefill also leaves the counter still while running is 1 (vLLM counts a generated token only when one is
 sampled, after the whole prompt is prefilled), so ``stall_s`` must exceed the longest prefill the deployment allows
@@ -29,11 +36,14 @@ except ImportError:  # Ansible's sanity import test; the agent's runtime has pro
 
 RUNNING = "vllm:num_requests_running"  # gauge
 GENERATION_TOKENS = "vllm:generation_tokens"  # counter family; its sample is GENERATION_TOKENS + "_total"
+HANDLER_INFLIGHT = "dynamo_component_inflight_requests"  # Dynamo's work handler gauge, labelled dynamo_endpoint
+ENDPOINT = "generate"  # the engine's endpoint whose handler counts the requests
 
 
 @dataclass(frozen=True)
 class ProgressSample:
-    """One scrape of an engine: generated tokens so far (summed over its series) and requests running now."""
+    """One scrape of an engine: generated tokens so far (summed over its series) and requests running now (vLLM's
+    gauge, or Dynamo's handler gauge where that is larger)."""
     tokens: float
     running: float
 
@@ -57,11 +67,13 @@ class Verdict:
 def parse_sample(text: str, model_name: str | None = None) -> ProgressSample | None:
     """The progress sample of a ``/metrics`` text, or None when it has no vLLM progress metrics (not a vLLM
     engine, an engine still starting, or log stats disabled). ``model_name`` keeps only series with that
-    ``model_name`` label (None: every series). Series of several engine cores (label ``engine``) are summed.
-    Only the two families' lines are parsed: a real engine's /metrics runs to hundreds of kilobytes of
-    histograms, and the agent reads it every few seconds."""
+    ``model_name`` label (None: every series). Series of several engine cores (label ``engine``) are summed, and
+    so are the ``generate`` handler's series. Only these families' lines are parsed: a real engine's /metrics
+    runs to hundreds of kilobytes of histograms, and the agent reads it every few seconds."""
     tokens = running = None
-    wanted = "\n".join(line for line in text.splitlines() if RUNNING in line or GENERATION_TOKENS in line)
+    handler = 0.0
+    wanted = "\n".join(line for line in text.splitlines()
+                       if RUNNING in line or GENERATION_TOKENS in line or HANDLER_INFLIGHT in line)
     for name, labels, value in samples(wanted + "\n"):
         if model_name is not None and labels.get("model_name", model_name) != model_name:
             continue
@@ -71,9 +83,11 @@ def parse_sample(text: str, model_name: str | None = None) -> ProgressSample | N
             tokens = (tokens or 0.0) + value
         elif name == RUNNING:
             running = (running or 0.0) + value
+        elif name == HANDLER_INFLIGHT and labels.get("dynamo_endpoint") == ENDPOINT:
+            handler += max(0.0, value)
     if tokens is None or running is None:
         return None
-    return ProgressSample(tokens=tokens, running=running)
+    return ProgressSample(tokens=tokens, running=max(running, handler))
 
 
 def judge(previous: Observation | None, sample: ProgressSample, now: float, hang: HangPolicy) -> Verdict:

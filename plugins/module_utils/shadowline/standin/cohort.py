@@ -4,7 +4,7 @@ Rendezvous: node-rank 0 listens on ``--master-addr`` only and waits for the ``nn
 ranks; each connects (retrying until it can), says hello (engine id, nnodes, TP size, its rank) and
 is welcomed or rejected with the reason. The listener closes once the cohort is complete.
 
-Collective: every ``SHADOWLINE_STANDIN_HEARTBEAT_INTERVAL`` (0.25 s) rank 0 sends step ``n`` to
+Collective: every ``SHADOWLINE_STANDIN_HEARTBEAT_INTERVAL`` (0.05 s) rank 0 sends step ``n`` to
 every peer and waits for each to echo it, which stands for the NCCL collectives of a forward pass.
 Each rank rewrites its heartbeat file ``heartbeat-engine-<id>-rank-<r>`` (content ``<step> <unix
 time>``) at every step, and rank 0 counts steps for ``/metrics``, so a watchdog outside sees a stall.
@@ -197,9 +197,12 @@ class Collective:
         self.on_shutdown = on_shutdown
         self.watchdog = watchdog  # torch's NCCL watchdog, emulated (None: a collective may wait forever)
         self._watchdog_fired = False
-        # a step not echoed within this long stalls the collective (and freezes generation, as a blocked step does
-        # on a real engine at once): two step intervals, not less than 0.5 s (a loaded machine's scheduling)
-        self.stall_after = max(0.5, 2 * interval)
+        # a step not echoed within this long stalls the collective and freezes generation. On a real engine every
+        # decode step is a collective, so generation stops within one step (tens of milliseconds) of a rank
+        # stopping; the stand-in stops within interval + stall_after (0.05 + 0.1 s by default): never sooner than
+        # a real engine. A freeze lifts at the next echo, so a loaded machine's late echo pauses generation only
+        # as long as the rank was late (a real engine's step waits on a late rank too).
+        self.stall_after = max(0.1, 2 * interval)
         self.steps = 0
         self.last_step_at: float | None = None
         self.stalled = False

@@ -380,6 +380,8 @@ class Leader(Rank):
         if worker_text is not None:
             self.progress.observe_worker(worker_text)
         text += self.progress.render()
+        if self.serving and self.worker is not None and self.worker.frozen:  # as Dynamo's live runtime would count
+            text += self.progress.render_handler_while_frozen(self.worker.requests_waiting())
         return text + (worker_text or "")
 
     def worker_metrics(self) -> str | None:

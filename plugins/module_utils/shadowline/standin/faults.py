@@ -10,7 +10,8 @@
 
 Control files (for an orchestrator on another host: write one through SSH): a rank polls
 ``<state dir>/fault-engine-<id>-rank-<r>`` and ``<state dir>/fault-engine-<id>`` (every rank of
-that engine on the host) every 0.1 s; the content is the fault's name. A file applies once per
+that engine on the host) every 0.02 s (a real fault takes effect at once; so, nearly, does a drill's); the
+content is the fault's name. A file applies once per
 modification and only if written after the rank started, so a leftover file does not hit the next
 engine; remove it after the drill.
 """
@@ -56,6 +57,6 @@ def install(paths: list[str], apply: Callable[[str, str], None]) -> None:
                     apply(fault, path)
                 else:
                     log.warning("fault file %s: unknown fault %r (known: %s)", path, fault, ", ".join(FAULTS))
-            time.sleep(0.1)
+            time.sleep(0.02)
 
     threading.Thread(target=watch, name="fault-watch", daemon=True).start()

@@ -8,6 +8,12 @@ streamed back) on the ``generate`` endpoint, sampled by the leader while the wor
 counts streamed bytes, not tokens: it moves exactly when tokens stream, which is all a judge compares. Like vLLM's,
 both stop where they were when generation stops (a rank stuck in the collective freezes the worker): requests
 stay running, the counter stands still.
+
+A frozen worker (SIGSTOP) cannot answer for its handler gauge, while a real engine's Dynamo runtime keeps taking
+requests and counting them when its engine core hangs (control/progress.py). So while the worker is frozen the
+leader serves the handler gauge itself: the last value it read, or the number of the worker's request-plane
+connections holding requests it has not read (``Worker.requests_waiting``), whichever is larger. vLLM's own gauge
+stays where it was, as vLLM's does.
 """
 
 from __future__ import annotations
@@ -15,11 +21,9 @@ from __future__ import annotations
 import threading
 
 from ..control.failover_metrics import render_family
-from ..control.progress import GENERATION_TOKENS, RUNNING, samples
+from ..control.progress import ENDPOINT, GENERATION_TOKENS, HANDLER_INFLIGHT, RUNNING, samples
 
-WORKER_INFLIGHT = "dynamo_component_inflight_requests"
 WORKER_RESPONSE_BYTES = "dynamo_component_response_bytes_total"
-ENDPOINT = "generate"
 
 
 class ProgressMetrics:
@@ -28,6 +32,8 @@ class ProgressMetrics:
         self.running = 0.0
         self.tokens = 0.0
         self._last_raw: float | None = None
+        self.handler_labels: dict[str, str] | None = None  # the worker's generate handler series, once read
+        self.handler_inflight = 0.0
         self._lock = threading.Lock()
 
     def observe_worker(self, text: str) -> bool:
@@ -36,15 +42,16 @@ class ProgressMetrics:
         for name, labels, value in samples(text):
             if labels.get("dynamo_endpoint") != ENDPOINT:
                 continue
-            if name == WORKER_INFLIGHT:
+            if name == HANDLER_INFLIGHT:
                 running = (running or 0.0) + value
+                self.handler_labels = labels
             elif name == WORKER_RESPONSE_BYTES:
                 streamed = (streamed or 0.0) + value
         if running is None and streamed is None:
             return False
         with self._lock:
             if running is not None:
-                self.running = max(0.0, running)
+                self.running = self.handler_inflight = max(0.0, running)
             if streamed is not None:
                 if self._last_raw is not None and streamed > self._last_raw:
                     self.tokens += streamed - self._last_raw
@@ -57,6 +64,18 @@ class ProgressMetrics:
         """A new worker process: its counter starts again from 0 (ours does not go back)."""
         with self._lock:
             self._last_raw = None
+
+    def render_handler_while_frozen(self, waiting: int) -> str:
+        """Dynamo's generate handler gauge as a live runtime would show it while the engine core hangs: what the
+        worker last showed or the requests waiting at its connections, whichever is more ('' before the worker
+        was first read)."""
+        with self._lock:
+            if self.handler_labels is None:
+                return ""
+            value = max(self.handler_inflight, float(waiting))
+            return render_family(HANDLER_INFLIGHT, "gauge", "Requests currently being processed by work handler "
+                                 "(stand-in: served by the leader while its worker is frozen)",
+                                 [(self.handler_labels, value)])
 
     def render(self) -> str:
         with self._lock:

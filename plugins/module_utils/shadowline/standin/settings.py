@@ -96,7 +96,7 @@ def gms_timeout() -> float:
 
 
 def heartbeat_interval() -> float:
-    return env_float("SHADOWLINE_STANDIN_HEARTBEAT_INTERVAL", 0.25)
+    return env_float("SHADOWLINE_STANDIN_HEARTBEAT_INTERVAL", 0.05)
 
 
 def collective_timeout() -> float:

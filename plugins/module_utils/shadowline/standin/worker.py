@@ -99,6 +99,32 @@ def etcd_has_key_suffix(endpoints: str, prefix: str, suffix: str, timeout: float
     return None
 
 
+TCP_LISTEN, TCP_ESTABLISHED = "0A", "01"
+
+
+def socket_inodes(pid: int) -> set[str]:
+    """The inodes of a process's open sockets (its /proc/<pid>/fd links ``socket:[inode]``)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def connections_with_unread_bytes(rows: list[str], inodes: set[str]) -> int:
+    """How many of the process's established connections to one of its own listening ports have bytes waiting in
+    the receive queue, from /proc/net/tcp rows (``sl local rem st tx_queue:rx_queue tr retrnsmt uid timeout
+    inode``) and the process's socket inodes."""
+    owned = [f for f in (row.split() for row in rows) if len(f) > 9 and f[9] in inodes]
+    listening = {f[1].rsplit(":", 1)[1] for f in owned if f[3] == TCP_LISTEN}
+    return sum(1 for f in owned if f[3] == TCP_ESTABLISHED and f[1].rsplit(":", 1)[1] in listening
+               and int(f[4].split(":")[1], 16) > 0)
+
+
 class Worker:
     def __init__(self, model_dir: str, served_model_name: str, host: str) -> None:
         self.model_dir, self.name, self.host = model_dir, served_model_name, host
@@ -240,6 +266,25 @@ class Worker:
                 os.kill(self.proc.pid, sig)
             except ProcessLookupError:
                 pass
+
+    def requests_waiting(self) -> int:
+        """Connections to the worker's listening ports (its request plane) holding bytes it has not read: requests
+        that arrived while it is frozen, which a real engine's live Dynamo runtime would have taken in. 0 when its
+        sockets cannot be read."""
+        if self.proc is None:
+            return 0
+        try:
+            inodes = socket_inodes(self.proc.pid)
+        except OSError:
+            return 0
+        rows: list[str] = []
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                with open(table, encoding="ascii") as f:
+                    rows += f.readlines()[1:]
+            except OSError:
+                continue
+        return connections_with_unread_bytes(rows, inodes)
 
     def freeze(self, why: str) -> None:
         with self._mutex:
