@@ -10,7 +10,7 @@ NODES ?= 3
 INVENTORY ?= inventories/local
 
 .PHONY: help setup runtime demo test lint build preflight testbed-up testbed-down deploy status teardown clean \
-	drill bench-failover ee-context sanity verify-engine-args standin-image
+	drill bench-failover bench-client ee-context sanity verify-engine-args standin-image
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 22
@@ -53,6 +53,9 @@ drill: setup ## a failover drill on the testbed deployment under load (FAULT=kil
 bench-failover: runtime ## failover figures at 1, 2, 4, 8 testbed hosts (TRIALS=20; testbed instance 6)
 	$(BIN)/python scripts/bench-failover --trials $(or $(TRIALS),20) $(if $(NODES_LIST),--nodes $(NODES_LIST))
 
+bench-client: runtime ## NVIDIA's aiperf through a kill-leader and without, side by side (2 testbed hosts, instance 6; installs .aiperf once)
+	$(BIN)/python scripts/bench-client
+
 standin-image: runtime ## the stand-in's runtime as a local OCI archive (build/standin-runtime.tar) for python_env_mode container
 	$(BIN)/python scripts/build-standin-image
 
@@ -68,7 +71,7 @@ test: runtime ## run the whole suite (unit, testbed, end-to-end, molecule, lint,
 
 lint: setup ## ansible-lint (production profile) and a Python byte-compile check
 	$(BIN)/ansible-lint --profile production -q
-	$(BIN)/ruff check --quiet plugins testbed tests monitoring scripts/show-plan scripts/bench-failover scripts/verify-engine-args scripts/build-standin-image slurm/render slurm/drill
+	$(BIN)/ruff check --quiet plugins testbed tests monitoring scripts/show-plan scripts/bench-failover scripts/bench-client scripts/verify-engine-args scripts/build-standin-image slurm/render slurm/drill
 
 sanity: setup ## ansible-test sanity on the built collection (scripts/sanity; tests/sanity/ignore-2.19.txt)
 	scripts/sanity
