@@ -79,9 +79,9 @@ def test_an_engine_runs_its_argv_unchanged_in_the_image_in_the_units_cgroup():
     text = units.engine_dropin(plan, "node1", 1)
     argv = plan.cohort(1).rank_on("node1").process.argv
     exec_line = next(line for line in text.splitlines() if line.startswith("ExecStart="))
-    assert exec_line.startswith("ExecStart=/usr/bin/podman --runtime runc run --rm --replace --name "
-                                "shadowline-llama-engine-1 --pull never --cgroups split --network host --ipc host "
-                                "--pid host ")
+    assert exec_line.startswith("ExecStart=/usr/bin/podman --runtime runc run --rm --pull never --device "
+                                "nvidia.com/gpu=all --replace --name shadowline-llama-engine-1 --cgroups split "
+                                "--network host --ipc host --pid host ")
     assert exec_line.endswith(" nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1 " + " ".join(argv))
     for flag in ("--user shadowline:shadowline", "--cap-drop all", "--security-opt no-new-privileges", "--read-only",
                  "--ulimit host", "--device nvidia.com/gpu=all",
@@ -112,9 +112,10 @@ def test_the_gms_server_and_frontend_run_in_the_image_too():
 def test_the_runtime_check_runs_in_a_throwaway_container_of_the_image():
     plan = plan_of()
     argv = runtime_check_argv(plan.container, plan.python, SITE, plan.backend, plan.gpus_per_node)
-    assert argv[:8] == ["/usr/bin/podman", "run", "--rm", "--pull", "never", "--network", "none", "--volume"]
-    assert argv[8] == f"{SITE}/shadowline:/opt/shadowline-check/shadowline:ro"
-    assert argv[9:13] == ["--env", "PYTHONPATH=/opt/shadowline-check", "--device", "nvidia.com/gpu=all"]
+    assert argv[:10] == ["/usr/bin/podman", "run", "--rm", "--pull", "never", "--device", "nvidia.com/gpu=all",
+                         "--network", "none", "--volume"]
+    assert argv[10] == f"{SITE}/shadowline:/opt/shadowline-check/shadowline:ro"
+    assert argv[11:13] == ["--env", "PYTHONPATH=/opt/shadowline-check"]
     assert argv[13:] == ["nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1", "python3", "-m",
                          "shadowline.deployment.runtime_check", "--backend", "dynamo_vllm", "--gpus", "8"]
     host = runtime_check_argv(None, "/usr/bin/python3", SITE, "standin", 1)

@@ -45,7 +45,7 @@ from .gpu_watch import GpuWatch
 from .memory import DriverMemory, NodeMemory
 from .metrics_server import serve
 from .node_duties import NodeDuties
-from .proc import container_main_pid, pidfd_open, unit_properties
+from .proc import argv_process, pidfd_open, unit_properties
 from .systemd_notify import SystemdNotifier
 from .view import DeploymentView, Now
 
@@ -193,10 +193,7 @@ class Agent:
         if self.gms_pidfd is not None:
             return
         props = unit_properties(self.plan.unit_name("gms"), "MainPID", "ActiveState", "ControlGroup")
-        if self.plan.container:  # the GMS server itself, once podman started its container (tried every tick)
-            pid = container_main_pid(props.get("ControlGroup")) or 0
-        else:
-            pid = int(props.get("MainPID", "0") or 0)
+        pid = argv_process(props, self.plan.container)  # in a container: once podman started it (tried every tick)
         if props.get("ActiveState") == "active" and pid:
             self.gms_pidfd = pidfd_open(pid)
 

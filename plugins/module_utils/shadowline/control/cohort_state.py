@@ -19,7 +19,7 @@ from .failover_metrics import EngineFailoverView, engine_failover_view
 from .http import http_get
 from .lock import is_locked, read_holder
 from .policy import HangPolicy
-from .proc import container_main_pid, unit_properties
+from .proc import argv_process, unit_properties
 from .progress import parse_sample
 
 LEADER_STATES = {"standby": "parked", "waking": "waking", "active": "active", "init": "starting"}
@@ -27,12 +27,12 @@ LEADER_STATES = {"standby": "parked", "waking": "waking", "active": "active", "i
 __all__ = ["http_get", "leader_base", "leader_state", "leader_view", "lock_holder", "rank_states", "unit_status"]
 
 
-def unit_status(unit: str) -> dict[str, Any]:
-    """ActiveState and the main process of a systemd unit ("inactive", 0 when systemd does not know it): MainPID,
-    or in a container unit the container's first process, the one that runs the plan's argv."""
+def unit_status(unit: str, container: bool | None = None) -> dict[str, Any]:
+    """ActiveState and the process of a systemd unit that runs the plan's argv ("inactive", 0 when systemd does
+    not know it): proc.argv_process, ``container`` being whether the plan runs containers (None: not known)."""
     props = unit_properties(unit, "ActiveState", "SubState", "MainPID", "ControlGroup")
     return {"active_state": props.get("ActiveState", "unknown"), "sub_state": props.get("SubState", "unknown"),
-            "pid": container_main_pid(props.get("ControlGroup")) or int(props.get("MainPID", "0") or 0)}
+            "pid": argv_process(props, container)}
 
 
 def leader_base(plan: Plan, cohort: int) -> str:
@@ -68,14 +68,14 @@ def rank_states(plan: Plan, host: str, health_timeout_s: float = 1.0) -> list[di
         if rank is None:
             continue
         unit = plan.unit_name("engine", cohort.cohort)
-        status = unit_status(unit)
-        pid, props = status["pid"], {"ActiveState": status["active_state"]}
+        status = unit_status(unit, plan.container)
+        pid = status["pid"]
         entry: dict[str, Any] = {
             "cohort": cohort.cohort, "role": cohort.role, "host": host, "rank": rank.node_rank,
             "leader": rank.leader, "unit": unit, "pid": pid, "health": None,
             "ports": asdict(cohort.ports),
         }
-        if props.get("ActiveState") not in ("active", "activating", "deactivating") or not pid:
+        if status["active_state"] not in ("active", "activating", "deactivating") or not pid:
             entry["state"] = "dead"
         elif rank.leader:
             entry.update(_leader_state(plan, cohort.cohort, hang))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..deployment.plan import Plan
 from .http import http_get
 from .memory import LocalRank
-from .proc import alive, cgroup_pids, container_main_pid, monotonic_to_unix, pidfd_open, unit_properties
+from .proc import alive, argv_process, cgroup_pids, monotonic_to_unix, pidfd_open, unit_properties
 from .progress import ProgressSample, parse_sample
 
 
@@ -40,10 +40,11 @@ def track(plan: Plan, host: str, cohort: int, generation: int, *, engine_only: b
     props = unit_properties(unit, "MainPID", "ActiveState", "ControlGroup", "ExecMainStartTimestampMonotonic")
     # in a container unit, the engine itself once its container runs (podman's own exit trails it by ~0.8 s);
     # ``engine_only``: a start not yet tracked waits for it rather than tracking podman for the rank's whole life
-    engine = container_main_pid(props.get("ControlGroup")) if plan.container else None
-    if plan.container and engine is None and engine_only:
-        return None
-    pid = engine or int(props.get("MainPID", "0") or 0)
+    pid = argv_process(props, plan.container)
+    if plan.container and not pid:
+        if engine_only:
+            return None
+        pid = argv_process(props, False)  # podman, until the container runs
     if props.get("ActiveState") != "active" or not pid:
         return None
     pidfd = pidfd_open(pid)

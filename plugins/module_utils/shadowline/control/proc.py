@@ -80,6 +80,18 @@ def container_main_pid(cgroup: str | None) -> int | None:
     return None
 
 
+def argv_process(props: dict[str, str], container: bool | None = None) -> int:
+    """The process of a unit that runs the plan's argv, from its ``MainPID`` and ``ControlGroup`` properties: in a
+    container unit (``container`` True) the container's first process, 0 while podman has not started it; in any
+    other unit (False) MainPID. ``container`` None (a reader without the plan): the container's first process
+    where the unit has one, else MainPID. 0 when there is none."""
+    main = int(props.get("MainPID", "0") or 0)
+    if container is False:
+        return main
+    payload = container_main_pid(props.get("ControlGroup")) or 0
+    return payload if container else (payload or main)
+
+
 def kill_cgroup(cgroup: str, sig: int = signal.SIGKILL) -> int:
     """Send ``sig`` to every process of the cgroup; returns how many were signalled."""
     count = 0

@@ -94,20 +94,28 @@ def container_name(unit: str) -> str:
     return base.replace("@", "-")
 
 
+def run_prefix(container: Container) -> list[str]:
+    """``podman [--runtime R] run --rm --pull never`` with the image's devices: what every container of the
+    deployment starts with (a unit's, the runtime check's)."""
+    command = [PODMAN] + (["--runtime", container.runtime] if container.runtime else [])
+    command += ["run", "--rm", "--pull", "never"]
+    for device in container.devices:
+        command += ["--device", device]
+    return command
+
+
 def podman_run(container: Container, unit: str, argv: tuple[str, ...] | list[str], env_names: list[str],
                mounts: list[tuple[str, bool]], user: str) -> list[str]:
     """The ``podman run`` command of one unit: the process's argv in the image, each environment variable passed
     by name (its value stays in the unit's Environment= lines), ``mounts`` as (path, writable) at the same path."""
-    command = [PODMAN] + (["--runtime", container.runtime] if container.runtime else [])
-    command += ["run", "--rm", "--replace", "--name", container_name(unit), "--pull", "never",
+    command = run_prefix(container)
+    command += ["--replace", "--name", container_name(unit),
                 "--cgroups", "split", "--network", "host", "--ipc", "host", "--pid", "host",
                 "--log-driver", "passthrough", "--user", f"{user}:{user}", "--cap-drop", "all",
                 "--security-opt", "no-new-privileges", "--read-only", "--ulimit", "host",
                 "--volume", "/etc/passwd:/etc/passwd:ro", "--volume", "/etc/group:/etc/group:ro"]
     for path, writable in sorted(set(mounts)):
         command += ["--volume", f"{path}:{path}:{'rw' if writable else 'ro'}"]
-    for device in container.devices:
-        command += ["--device", device]
     for name in sorted(set(env_names)):
         command += ["--env", name]
     return command + [container.image, *argv]
@@ -124,11 +132,9 @@ def runtime_check_argv(container: Container | None, python: str, library: str, b
     check = ["-m", "shadowline.deployment.runtime_check", "--backend", backend_name, "--gpus", str(gpus)]
     if container is None:
         return [python, *check]
-    command = [PODMAN] + (["--runtime", container.runtime] if container.runtime else [])
-    command += ["run", "--rm", "--pull", "never", "--network", "none",
-                "--volume", f"{library}/shadowline:{CHECK_LIBRARY}/shadowline:ro", "--env", f"PYTHONPATH={CHECK_LIBRARY}"]
-    for device in container.devices:
-        command += ["--device", device]
+    command = run_prefix(container) + ["--network", "none", "--volume",
+                                       f"{library}/shadowline:{CHECK_LIBRARY}/shadowline:ro",
+                                       "--env", f"PYTHONPATH={CHECK_LIBRARY}"]
     return command + [container.image, container.python, *check]
 
 

@@ -48,7 +48,7 @@ def engine_processes(plan: Plan) -> dict[str, dict[str, Any]]:
     result = {}
     for cohort in plan.cohort_ids:
         unit = plan.unit_name("engine", cohort)
-        status = unit_status(unit)
+        status = unit_status(unit, plan.container)
         cgroup = unit_cgroup(unit)
         processes = []
         for pid in cgroup_pids(cgroup) if cgroup else []:
@@ -235,7 +235,7 @@ def inject(plan: Plan, host: str, name: str, cohort: int | None, at: float | Non
     result: dict[str, Any] = {"fault": name, "host": host, "cohort": cohort, "pids": []}
     if name in ("kill-leader", "kill-worker", "kill-standby", "hang-leader", "hang-worker"):
         unit = plan.unit_name("engine", cohort)
-        status = unit_status(unit)
+        status = unit_status(unit, plan.container)
         if status["active_state"] != "active" or not status["pid"]:
             raise DrillError(f"{unit} does not run on {host}: nothing to {name}")
         result["unit"] = unit
