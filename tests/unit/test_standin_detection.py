@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 
+from shadowline.control import proc
 from shadowline.control.progress import ProgressSample, parse_sample
 from shadowline.standin import cohort, settings, worker
 from shadowline.standin.progress_metrics import ProgressMetrics
@@ -71,15 +72,14 @@ def test_requests_waiting_are_read_from_the_kernels_socket_queues():
     accepted, _unused = server.accept()
     try:
         def waiting() -> int:
-            with open("/proc/net/tcp", encoding="ascii") as f:
-                rows = f.readlines()[1:]
-            return worker.connections_with_unread_bytes(rows, worker.socket_inodes(os.getpid()))
+            return worker.connections_with_unread_bytes(proc.tcp_sockets(), proc.socket_inodes(os.getpid()))
         assert waiting() == 0
         client.sendall(b'{"request": 1}')
         assert wait_until(lambda: waiting() == 1, 5, 0.01, "the request in the receive queue")
         accepted.recv(100)
         assert wait_until(lambda: waiting() == 0, 5, 0.01, "the queue read")
-        assert worker.connections_with_unread_bytes(["0: 0100007F:1F90 00000000:0000 0A 0:0 0 0 0 0 0 99"], {"1"}) == 0
+        assert worker.connections_with_unread_bytes([["0:", "0100007F:1F90", "00000000:0000", "0A", "0:0", "0", "0",
+                                                      "0", "0", "99"]], {"1"}) == 0
     finally:
         for s in (client, accepted, server):
             s.close()

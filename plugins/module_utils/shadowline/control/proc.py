@@ -249,20 +249,27 @@ class Listener:
     inode: str
 
 
-def tcp_listeners() -> list[Listener]:
-    """Every TCP socket in LISTEN state (IPv4 and IPv6) of the node's network namespace."""
-    found = []
+def tcp_sockets() -> list[list[str]]:
+    """The fields of every TCP socket (IPv4 and IPv6) of the node's network namespace, from /proc/net/tcp{,6}:
+    ``sl local_address rem_address st tx_queue:rx_queue tr:when retrnsmt uid timeout inode ...``."""
+    rows = []
     for path in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(path, encoding="ascii") as handle:
                 lines = handle.read().splitlines()[1:]
         except OSError:
             continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 9 and fields[3] == "0A":  # 0A: TCP_LISTEN
-                address_hex, port_hex = fields[1].rsplit(":", 1)
-                found.append(Listener(int(port_hex, 16), _decode_address(address_hex), fields[9]))
+        rows += [fields for fields in (line.split() for line in lines) if len(fields) > 9]
+    return rows
+
+
+def tcp_listeners() -> list[Listener]:
+    """Every TCP socket in LISTEN state (IPv4 and IPv6) of the node's network namespace."""
+    found = []
+    for fields in tcp_sockets():
+        if fields[3] == "0A":  # 0A: TCP_LISTEN
+            address_hex, port_hex = fields[1].rsplit(":", 1)
+            found.append(Listener(int(port_hex, 16), _decode_address(address_hex), fields[9]))
     return found
 
 

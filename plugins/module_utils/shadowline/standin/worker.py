@@ -31,6 +31,7 @@ import urllib.error
 import urllib.request
 
 from ..control.http import fetch, open_direct
+from ..control.proc import socket_inodes, tcp_sockets
 from . import unix_messages
 
 log = logging.getLogger("shadowline.standin.worker")
@@ -102,24 +103,11 @@ def etcd_has_key_suffix(endpoints: str, prefix: str, suffix: str, timeout: float
 TCP_LISTEN, TCP_ESTABLISHED = "0A", "01"
 
 
-def socket_inodes(pid: int) -> set[str]:
-    """The inodes of a process's open sockets (its /proc/<pid>/fd links ``socket:[inode]``)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    return inodes
-
-
-def connections_with_unread_bytes(rows: list[str], inodes: set[str]) -> int:
+def connections_with_unread_bytes(rows: list[list[str]], inodes: set[str]) -> int:
     """How many of the process's established connections to one of its own listening ports have bytes waiting in
-    the receive queue, from /proc/net/tcp rows (``sl local rem st tx_queue:rx_queue tr retrnsmt uid timeout
-    inode``) and the process's socket inodes."""
-    owned = [f for f in (row.split() for row in rows) if len(f) > 9 and f[9] in inodes]
+    the receive queue, from /proc/net/tcp's rows split in fields (proc.tcp_sockets) and the process's socket
+    inodes (proc.socket_inodes)."""
+    owned = [f for f in rows if len(f) > 9 and f[9] in inodes]
     listening = {f[1].rsplit(":", 1)[1] for f in owned if f[3] == TCP_LISTEN}
     return sum(1 for f in owned if f[3] == TCP_ESTABLISHED and f[1].rsplit(":", 1)[1] in listening
                and int(f[4].split(":")[1], 16) > 0)
@@ -273,18 +261,7 @@ class Worker:
         sockets cannot be read."""
         if self.proc is None:
             return 0
-        try:
-            inodes = socket_inodes(self.proc.pid)
-        except OSError:
-            return 0
-        rows: list[str] = []
-        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-            try:
-                with open(table, encoding="ascii") as f:
-                    rows += f.readlines()[1:]
-            except OSError:
-                continue
-        return connections_with_unread_bytes(rows, inodes)
+        return connections_with_unread_bytes(tcp_sockets(), socket_inodes(self.proc.pid))
 
     def freeze(self, why: str) -> None:
         with self._mutex:
