@@ -1,9 +1,10 @@
 """The real Dynamo worker a stand-in leader runs once it is primary: ``dynamo.mocker``.
 
-It runs only after the leader holds the failover lock, so nothing is registered in discovery
-before that (as a shadow upstream registers only after waking). A parked shadow pre-starts it
-(``prewarm``: the process imports the mocker and waits, see worker_launcher) so that waking costs
-no Python start-up; ``SHADOWLINE_STANDIN_PREWARM=0`` starts it only at wake instead. It runs in the
+It registers only after the leader holds the failover lock, so nothing is in discovery before that
+(as a shadow upstream registers only after waking). A parked shadow pre-starts it (``prewarm``: the
+process imports the mocker, makes its Dynamo runtime, connected to etcd and NATS as a real parked
+shadow's is, and waits, see worker_launcher) so that waking costs no Python start-up and no
+connection; ``SHADOWLINE_STANDIN_PREWARM=0`` starts it only at wake instead. It runs in the
 leader's process group, holds the lock descriptor (inherited, or passed at wake by SCM_RIGHTS),
 and has PR_SET_PDEATHSIG(SIGKILL): killing the leader kills it and releases the lock, and
 ``kill -STOP -<pgid>`` freezes both. Every listener it opens is on the engine's host address: its
@@ -31,7 +32,7 @@ import urllib.error
 import urllib.request
 
 from ..control.http import fetch, open_direct
-from ..control.proc import socket_inodes, tcp_sockets
+from ..control.proc import listening_ports, socket_inodes, tcp_sockets
 from . import unix_messages
 
 log = logging.getLogger("shadowline.standin.worker")
@@ -167,7 +168,7 @@ class Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.proc = self._spawn([sys.executable, "-m", "shadowline.standin.worker_launcher",
-                                     str(theirs.fileno())], (theirs.fileno(),))
+                                     str(theirs.fileno()), *self.mocker_args()], (theirs.fileno(),))
         finally:
             theirs.close()
         self._control = ours
@@ -188,7 +189,7 @@ class Worker:
         self.lock_fd = lock_fd
         fds = (lock_fd,) if lock_fd >= 0 else ()
         if self._control is not None:
-            if self.proc is not None and self.proc.poll() is None and port_free(self.host, self.port):
+            if self.proc is not None and self.proc.poll() is None and self.port_ours_or_free():
                 unix_messages.send(self._control, {"argv": self.mocker_args()}, fds)
                 self._control.close()
                 self._control = None
@@ -201,6 +202,13 @@ class Worker:
         self.proc = self._spawn([sys.executable, "-m", "dynamo.mocker", *self.mocker_args()], fds)
         log.info("worker: started dynamo.mocker pid %d (system port %s:%d, model %s)", self.proc.pid, self.host,
                  self.port, self.name)
+
+    def port_ours_or_free(self) -> bool:
+        """The pre-started worker's system port: free, or already its own (its runtime, made while parked, serves
+        it); False when another process took it meanwhile."""
+        if port_free(self.host, self.port):
+            return True
+        return self.proc is not None and self.port in listening_ports([self.proc.pid])
 
     def discard(self) -> None:
         """Drop a pre-started worker that never ran."""
