@@ -85,6 +85,28 @@ def test_dynamo_environment_gives_the_engines_client(secured: str):
     assert etcd_from_env(environ={}) is None
 
 
+def test_a_second_run_keeps_the_tokens_clients_hold(secured: str):
+    """A Dynamo runtime authenticates once and keeps its token (a parked shadow for as long as it is parked):
+    ensure_etcd_auth on every site.yml run must not set an unchanged password again, which makes etcd drop the
+    user's tokens (the shadow then failed to register at its wake: 'etcdserver: invalid auth token')."""
+    token = json.loads(urllib.request.urlopen(urllib.request.Request(  # noqa: S310 (a loopback etcd)
+        secured + "/v3/auth/authenticate", method="POST",
+        data=json.dumps({"name": DYNAMO, "password": PASSWORDS[DYNAMO]}).encode()), timeout=5).read())["token"]
+
+    def put_with_token() -> int:
+        request = urllib.request.Request(secured + "/v3/kv/put", method="POST", headers={"Authorization": token},
+                                         data=json.dumps({"key": "djEvdW5pdA==", "value": "eA=="}).encode())
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310 (a loopback etcd)
+                return answer.status
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    assert put_with_token() == 200
+    assert ensure_etcd_auth(secured, "unit", PASSWORDS) == []
+    assert put_with_token() == 200, "a second run invalidated the token a client holds"
+
+
 def test_password_rotation(secured: str):
     rotated = dict(PASSWORDS, dynamo="dynamo-pw-rotated")
     ensure_etcd_auth(secured, "unit", rotated)

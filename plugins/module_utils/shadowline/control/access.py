@@ -97,6 +97,15 @@ def _b64(data: str | bytes) -> str:
     return base64.b64encode(data.encode() if isinstance(data, str) else data).decode("ascii")
 
 
+def _authenticates(endpoint: str, user: str, password: str, timeout: float) -> bool:
+    """Does etcd take this user's password as it is?"""
+    try:
+        _post(endpoint, "/v3/auth/authenticate", {"name": user, "password": password}, None, timeout)
+    except EtcdError:
+        return False
+    return True
+
+
 def role_permissions(deployment: str) -> dict[str, list[str]]:
     """Each role's read-write key prefixes."""
     return {AGENT: [f"/shadowline/{deployment}/", DISCOVERY_PREFIX], DYNAMO: [DISCOVERY_PREFIX]}
@@ -123,7 +132,10 @@ def ensure_etcd_auth(endpoint: str, deployment: str, passwords: dict[str, str], 
         if user not in users:
             _post(endpoint, "/v3/auth/user/add", {"name": user, "password": passwords[user]}, token, timeout)
             changed.append(f"user {user}")
-        elif user != ROOT or not enabled:
+        elif (user != ROOT or not enabled) and not (enabled and _authenticates(endpoint, user, passwords[user],
+                                                                            timeout)):
+            # only a password that differs: etcd drops every token of a user whose password is set, even to the
+            # same value, and a Dynamo runtime holding one (a parked shadow) then fails to register at its wake
             _post(endpoint, "/v3/auth/user/changepw", {"name": user, "password": passwords[user]}, token, timeout)
     if ROOT not in roles:
         _post(endpoint, "/v3/auth/role/add", {"name": ROOT}, token, timeout)
