@@ -132,11 +132,11 @@ def ensure_etcd_auth(endpoint: str, deployment: str, passwords: dict[str, str], 
         if user not in users:
             _post(endpoint, "/v3/auth/user/add", {"name": user, "password": passwords[user]}, token, timeout)
             changed.append(f"user {user}")
-        elif (user != ROOT or not enabled) and not (enabled and _authenticates(endpoint, user, passwords[user],
-                                                                            timeout)):
+        elif user != ROOT or not enabled:
             # only a password that differs: etcd drops every token of a user whose password is set, even to the
             # same value, and a Dynamo runtime holding one (a parked shadow) then fails to register at its wake
-            _post(endpoint, "/v3/auth/user/changepw", {"name": user, "password": passwords[user]}, token, timeout)
+            if not (enabled and _authenticates(endpoint, user, passwords[user], timeout)):
+                _post(endpoint, "/v3/auth/user/changepw", {"name": user, "password": passwords[user]}, token, timeout)
     if ROOT not in roles:
         _post(endpoint, "/v3/auth/role/add", {"name": ROOT}, token, timeout)
     _post(endpoint, "/v3/auth/user/grant", {"user": ROOT, "role": ROOT}, token, timeout)
