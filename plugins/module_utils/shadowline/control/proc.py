@@ -249,6 +249,9 @@ class Listener:
     inode: str
 
 
+TCP_ESTABLISHED, TCP_LISTEN = "01", "0A"  # /proc/net/tcp's st field
+
+
 def tcp_sockets() -> list[list[str]]:
     """The fields of every TCP socket (IPv4 and IPv6) of the node's network namespace, from /proc/net/tcp{,6}:
     ``sl local_address rem_address st tx_queue:rx_queue tr:when retrnsmt uid timeout inode ...``."""
@@ -267,7 +270,7 @@ def tcp_listeners() -> list[Listener]:
     """Every TCP socket in LISTEN state (IPv4 and IPv6) of the node's network namespace."""
     found = []
     for fields in tcp_sockets():
-        if fields[3] == "0A":  # 0A: TCP_LISTEN
+        if fields[3] == TCP_LISTEN:
             address_hex, port_hex = fields[1].rsplit(":", 1)
             found.append(Listener(int(port_hex, 16), _decode_address(address_hex), fields[9]))
     return found

@@ -33,7 +33,6 @@ class ProgressMetrics:
         self.tokens = 0.0
         self._last_raw: float | None = None
         self.handler_labels: dict[str, str] | None = None  # the worker's generate handler series, once read
-        self.handler_inflight = 0.0
         self._lock = threading.Lock()
 
     def observe_worker(self, text: str) -> bool:
@@ -51,7 +50,7 @@ class ProgressMetrics:
             return False
         with self._lock:
             if running is not None:
-                self.running = self.handler_inflight = max(0.0, running)
+                self.running = max(0.0, running)  # the handler's gauge, which vLLM's running stands for here
             if streamed is not None:
                 if self._last_raw is not None and streamed > self._last_raw:
                     self.tokens += streamed - self._last_raw
@@ -72,7 +71,7 @@ class ProgressMetrics:
         with self._lock:
             if self.handler_labels is None:
                 return ""
-            value = max(self.handler_inflight, float(waiting))
+            value = max(self.running, float(waiting))
             return render_family(HANDLER_INFLIGHT, "gauge", "Requests currently being processed by work handler "
                                  "(stand-in: served by the leader while its worker is frozen)",
                                  [(self.handler_labels, value)])

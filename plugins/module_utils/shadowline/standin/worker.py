@@ -32,7 +32,7 @@ import urllib.error
 import urllib.request
 
 from ..control.http import fetch, open_direct
-from ..control.proc import listening_ports, socket_inodes, tcp_sockets
+from ..control.proc import TCP_ESTABLISHED, TCP_LISTEN, listening_ports, socket_inodes, tcp_sockets
 from . import unix_messages
 
 log = logging.getLogger("shadowline.standin.worker")
@@ -99,9 +99,6 @@ def etcd_has_key_suffix(endpoints: str, prefix: str, suffix: str, timeout: float
             continue
         return any(base64.b64decode(kv["key"]).decode().endswith(suffix) for kv in kvs)
     return None
-
-
-TCP_LISTEN, TCP_ESTABLISHED = "0A", "01"
 
 
 def connections_with_unread_bytes(rows: list[list[str]], inodes: set[str]) -> int:
