@@ -23,9 +23,13 @@ description:
     stop until the relaunch); C(forced) does it anyway. The agents stop the ranks with SIGTERM, wait
     C(gms_failover.planned_grace_s) (planned, default 5 s, so that the engines drain) or
     C(gms_failover.term_grace_s) (handover and forced, default 0, at once), then SIGKILL - see docs/drills.md.
-  - C(handover) is what C(playbooks/upgrade.yml) uses. A draining Dynamo 1.6.1 engine deregisters itself and the
-    frontend answers 404 (which no client retries) until the successor registers; an engine ended at once stays
-    registered until its successor does, so clients see only 503s, which the OpenAI SDK retries.
+  - C(handover) is what C(playbooks/upgrade.yml) uses. The serving cohort's worker is first taken out of the
+    frontend's routing with its model card kept (its C(v1/instances/) records deleted), so that new requests meet
+    503s, which the OpenAI SDK retries, and the streams on it end on it, until its metrics count none running (at
+    most C(gms_failover.planned_grace_s)); then it is ended at once and a parked shadow takes over. If the handover
+    stops before the declaration, the worker is put back into routing. A draining Dynamo 1.6.1 engine (mode
+    C(planned)) deregisters itself instead, and the frontend answers 404 (which no client retries) until the
+    successor registers.
   - Runs on the leader node (node rank 0), where the lock and the driver agent's event log are; use
     C(delegate_to) and C(run_once) (C(playbooks/failover.yml) does).
 options:
@@ -112,6 +116,13 @@ completed:
   description: Whether the promotion (if it served) and the relaunch happened within I(timeout_s).
   returned: when waited
   type: bool
+drain:
+  description: A handover of the serving cohort - C(derouted) (the routing records taken away), C(drain_s) (from
+    that until the declaration), C(running_left) (requests still running then; null when the engine's metrics
+    do not say).
+  returned: when the serving cohort was handed over
+  type: dict
+  sample: {derouted: 2, drain_s: 0.065, running_left: 0.0}
 timeline:
   description: Seconds after the declaration - C(generation_gone_s) (every rank gone on every node),
     C(teardown_per_node) (as the driver saw the confirmations, from the detection), C(promote_s),

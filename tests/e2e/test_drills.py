@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -316,6 +317,8 @@ def test_upgrade_changes_the_engines_arguments_under_load_without_a_failed_reque
         time.sleep(2)
     assert proc.returncode == 0, tail(proc)
     assert "every cohort on the new configuration" in proc.stdout
+    drained = re.search(r"the old primary drained in ([0-9.]+) s \(([0-9.]+) requests left\)", proc.stdout)
+    assert drained and float(drained[2]) == 0, "the handover did not drain the serving cohort"
     for host in ("node0", "node1", "node2"):
         for cohort in (0, 1):
             assert running_argv(host, cohort)[-2:] == ["--max-model-len", "2048"], (host, cohort)
@@ -323,7 +326,7 @@ def test_upgrade_changes_the_engines_arguments_under_load_without_a_failed_reque
     failed_sdk = [r for r in load.requests if not r.ok]
     failed_raw = [r for r in load.requests if r.first_ok is False]
     print(f"\n[figure] upgrade: {len(load.requests)} requests ({sum(r.stream for r in load.requests)} streaming), "
-          f"failed_raw {len(failed_raw)}, failed_sdk {len(failed_sdk)}")
+          f"failed_raw {len(failed_raw)}, failed_sdk {len(failed_sdk)}, drained in {drained[1]} s")
     assert load.requests and not failed_sdk, load.summary()
     assert_whole()
 

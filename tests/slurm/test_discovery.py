@@ -13,7 +13,9 @@ import json
 import os
 import signal
 import statistics
+import threading
 import time
+import urllib.request
 
 from shadowline.control import discovery
 from shadowline.control.etcd_client import Etcd
@@ -166,3 +168,58 @@ def test_standin_cohorts_need_ports_or_a_snapshot(procs, infra, tiny_model, shor
         discovery.revoke_leases(etcd, [lease])
         timings.append(1000 * (time.perf_counter() - started))
     print(f"lease revoke on loopback etcd: median {statistics.median(timings):.1f} ms, max {max(timings):.1f} ms")
+
+
+def stream_chat(frontend: str, model: str, max_tokens: int, started: threading.Event, out: list[str]) -> None:
+    """One streaming completion of ``max_tokens`` tokens; its SSE data lines go to ``out``; ``started`` is set at
+    the first."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens,
+                       "ignore_eos": True, "stream": True}).encode()
+    request = urllib.request.Request(f"{frontend}/v1/chat/completions", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            for line in answer:
+                if line.startswith(b"data:"):
+                    out.append(line.decode().strip())
+                    started.set()
+    except OSError as err:
+        out.append(f"error: {err}")
+    started.set()
+
+
+def test_deroute_keeps_the_model_and_lets_streams_on_the_worker_end(procs, infra, tiny_model):
+    """What a handover's drain rests on (control/failover.py): with its v1/instances/ records deleted, a live
+    worker gets no new request, the frontend answers 503 (which clients retry) and not 404 (the model's card
+    stays), and a stream already on the worker goes on to its end; put back, the worker serves again."""
+    etcd = Etcd(infra.etcd)
+    forget_everyone(etcd)
+    plan = loopback_plan(MODEL, str(tiny_model), etcd=infra.etcd)
+    worker = mocker(procs, infra, "cohort-0", tiny_model, plan.cohorts[0].ports.system)
+    harness.wait_until(lambda: harness.chat(infra.frontend, MODEL)[0] == 200, 30, 0.1, "a completion")
+    lease = discovery.cohort_registrations(etcd, plan, 0)[0].lease
+
+    started, lines = threading.Event(), []
+    streaming = threading.Thread(target=stream_chat, args=(infra.frontend, MODEL, 300, started, lines))
+    streaming.start()
+    assert started.wait(10), "the stream did not start"
+    removed = discovery.deroute(etcd, [lease])
+    assert "generate" in [kv.key.split("/")[4] for kv in removed], removed
+    assert not [kv for kv in etcd.get_prefix(discovery.INSTANCES) if kv.lease == lease]
+    assert [r.lease for r in discovery.cohort_registrations(etcd, plan, 0)] == [lease], "the card must stay"
+
+    def refused() -> tuple[int, str] | None:
+        answer = harness.chat(infra.frontend, MODEL)
+        return answer if answer[0] != 200 else None
+
+    status, body = harness.wait_until(refused, 5, 0.02, "the frontend to stop routing to the derouted worker")
+    assert status == 503, (status, body)
+    streaming.join(30)
+    assert not streaming.is_alive() and lines[-1] == "data: [DONE]", lines[-3:]
+    assert any('"finish_reason":"length"' in line for line in lines), lines[-3:]
+    assert not any("error" in line.lower() for line in lines), [line for line in lines if "error" in line.lower()]
+    print(f"\nderouted: {len(removed)} records; a new request got {status}; the stream in flight ended with "
+          f"{len(lines)} events and [DONE]")
+
+    assert discovery.reroute(etcd, removed) == len(removed)
+    harness.wait_until(lambda: harness.chat(infra.frontend, MODEL)[0] == 200, 10, 0.05, "a completion after reroute")
+    worker.signal_group(signal.SIGKILL)

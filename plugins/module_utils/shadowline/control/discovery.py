@@ -37,7 +37,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..deployment.plan import Plan
-from .etcd_client import Etcd, EtcdError
+from .etcd_client import KV, Etcd, EtcdError
 
 PREFIX = "v1/"
 INSTANCES = "v1/instances/"
@@ -201,6 +201,36 @@ def revoke_leases(etcd: Etcd, leases: Iterable[int]) -> list[int]:
     if errors and not done:
         raise EtcdError("; ".join(errors))
     return [lease for lease in leases if done.get(lease)]
+
+
+def deroute(etcd: Etcd, leases: Iterable[int]) -> list[KV]:
+    """Take the workers on ``leases`` out of the frontend's routing and keep their model cards: delete their
+    ``v1/instances/`` records, which Dynamo 1.6.1 does not write again. With no instance left the frontend keeps
+    the model and answers 503 ("not ready to serve requests yet", which clients retry; not the 404 of a model
+    whose card went), and the streams already on the worker go on to their end (tests/slurm/test_discovery.py).
+    Returns the records removed, for ``reroute``."""
+    wanted = set(leases)
+    removed: list[KV] = []
+    try:
+        for kv in [kv for kv in etcd.get_prefix(INSTANCES) if kv.lease in wanted]:
+            etcd.delete(kv.key)
+            removed.append(kv)
+    except EtcdError:
+        reroute(etcd, removed)  # all or nothing
+        raise
+    return removed
+
+
+def reroute(etcd: Etcd, removed: Iterable[KV]) -> int:
+    """Put ``deroute``'s records back on their leases; returns how many took (none of a lease that ended)."""
+    done = 0
+    for kv in removed:
+        try:
+            etcd.put(kv.key, kv.value, lease=kv.lease)
+            done += 1
+        except EtcdError:
+            continue
+    return done
 
 
 def revoke_cohort(etcd: Etcd, plan: Plan, cohort: int, ports: Iterable[int] = ()) -> list[int]:

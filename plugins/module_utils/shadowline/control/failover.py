@@ -10,27 +10,42 @@ then relaunches the slots it held.
 Reasons recorded in the slot and the events: ``planned-failover``, ``handover-failover`` or ``forced-failover``.
 Planned and handover refuse to fail the serving cohort over when no parked shadow could take over (serving would
 stop until the relaunch); forced does it anyway. Runs on the leader node (it reads the lock and the driver's event log there).
+
+A handover of the serving cohort drains it first: its worker is taken out of the frontend's routing with its model
+card kept (``discovery.deroute``: new requests meet 503s, which clients retry, not 404s), the streams on it end
+on it (until the leader's metrics count none running, at most ``planned_grace_s``), and only then is it declared
+failed and ended at once; a successor's lock, wake and registration follow. Without the drain a stream in
+flight at the kill had nowhere to migrate (no live worker registered yet) and failed in the middle, which no
+client retries. Anything that stops the handover before the declaration puts the worker back into routing.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..deployment.plan import Plan
 from .access import etcd_for
 from .cohort_state import lock_holder
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Slot
-from .etcd_client import EtcdError
+from .discovery import cohort_registrations, deroute, reroute, revoke_leases
+from .etcd_client import KV, Etcd, EtcdError
 from .events import read_events
 from .lock import parse_holder
+from .observe import leader_progress
+from .proc import cgroup_pids, listening_ports, unit_properties
+from .progress import ProgressSample
 
-# planned: SIGTERM and planned_grace_s (the engines drain); handover: the same refusal, then term_grace_s (at once);
-# forced: no refusal, term_grace_s. A draining Dynamo 1.6.1 engine deregisters itself, and the frontend drops the
-# model until the successor registers (404, which no client retries); one ended at once stays registered until
-# the agents see its successor, so the window is 503s, which clients retry (docs/drills.md, Upgrades).
+# planned: SIGTERM and planned_grace_s (the engines drain); handover: the same refusal, the drain above (at most
+# planned_grace_s), then term_grace_s (at once); forced: no refusal, term_grace_s. A draining Dynamo 1.6.1 engine
+# deregisters itself, and the frontend drops the model until the successor registers (404, which no client
+# retries); a derouted one keeps its card until the agents see its successor, so the window is 503s, which clients
+# retry (docs/drills.md, Upgrades).
 MODES = ("planned", "handover", "forced")
+DRAIN_SETTLE_S = 0.05  # after the deroute: a request the frontend routed just before it has reached the engine
+DRAIN_POLL_S = 0.02  # how often the draining leader's metrics are read
 
 
 class FailoverError(Exception):
@@ -86,36 +101,93 @@ def plan_failover(plan: Plan, cohort: int, mode: str) -> dict[str, Any]:
             "diff": {"before": describe(slots, holder), "after": describe(after, new_holder)}}
 
 
+def drain(read_running: Callable[[], float | None], grace_s: float, clock: Callable[[], float] = time.monotonic,
+          sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """After the deroute: wait until the engine has nothing running, at most ``grace_s``. ``read_running``: the
+    requests running now, None when the engine cannot tell (no such metrics, no answer): then only the settle.
+    Returns {drain_s, running_left}."""
+    start = clock()
+    sleep(min(DRAIN_SETTLE_S, grace_s))
+    while True:
+        running = read_running()
+        if running is None or running <= 0 or clock() - start >= grace_s:
+            return {"drain_s": round(clock() - start, 3), "running_left": running}
+        sleep(DRAIN_POLL_S)
+
+
+def leader_running(plan: Plan, cohort: int) -> float | None:
+    """The requests the cohort's leader runs now (control/progress.py: vLLM's gauge or Dynamo's handler gauge,
+    the larger); None when its metrics do not say."""
+    sample = leader_progress(plan, cohort, 0.5)
+    return sample.running if isinstance(sample, ProgressSample) else None
+
+
+def take_out_of_routing(plan: Plan, etcd: Etcd, cohort: int) -> list[KV]:
+    """Deroute the cohort's leader (on this node: its registration is found by the ports its unit listens on too)."""
+    cgroup = unit_properties(plan.unit_name("engine", cohort), "ControlGroup").get("ControlGroup")
+    ports = listening_ports(cgroup_pids(cgroup)) if cgroup else set()
+    return deroute(etcd, [r.lease for r in cohort_registrations(etcd, plan, cohort, ports)])
+
+
 def run_failover(plan: Plan, cohort: int, mode: str, host: str, wait: bool = True,
                  timeout_s: float = 120.0) -> dict[str, Any]:
-    """Do it and (``wait``) follow it to the end. Returns the timeline, times relative to the declaration."""
+    """Do it and (``wait``) follow it to the end. Returns the timeline, times relative to the declaration (a
+    handover's drain comes before it: ``drain``)."""
     planned = plan_failover(plan, cohort, mode)
     coord: Coordination = planned["coord"]
     slot: Slot = planned["slot"]
     reason = f"{mode}-failover"
-    start = time.time()
+    derouted: list[KV] = []
+    drained: dict[str, Any] = {}
     if planned["action"] == "revive":
         revived = Slot(cohort=cohort, generation=slot.generation + 1, state=LAUNCHING,
                        reason=f"{reason}: revived by {host}", attempts=0)
         if not coord.swap(revived, planned["revision"]):
             raise FailoverError(f"cohort {cohort}'s slot changed while reviving it; run it again")
-        failed_generation = slot.generation
     elif planned["action"] == "fail over":
-        if coord.declare_failed(cohort, slot.generation, reason, host) is None:
-            raise FailoverError(f"cohort {cohort} generation {slot.generation} was declared failed by someone else "
-                                "(or changed) just now; run it again")
-        failed_generation = slot.generation
-    else:
-        failed_generation = slot.generation
+        drain_first = mode == "handover" and planned["serving"] == cohort
+        derouted, drained = declare(plan, coord, slot, reason, host, drain_first)
+    start = time.time()
     result: dict[str, Any] = {
         "action": planned["action"], "cohort": cohort, "reason": reason, "declared_at": start,
         "generation_before": slot.generation, "state_before": slot.state, "serving_before": planned["holder"],
         "diff": planned["diff"],
     }
+    if derouted:
+        result["drain"] = {"derouted": len(derouted), **drained}
     if not wait:
         return result
-    result.update(follow(plan, coord, cohort, failed_generation, planned["serving"] == cohort, start, timeout_s))
+    result.update(follow(plan, coord, cohort, slot.generation, planned["serving"] == cohort, start, timeout_s))
+    if derouted and result["timeline"]["promote_s"] is not None:
+        try:  # the agents revoke it too once the successor registered; a stand-in's is found by its ports only
+            revoke_leases(coord.etcd, {kv.lease for kv in derouted})
+        except EtcdError:
+            pass
     return result
+
+
+def declare(plan: Plan, coord: Coordination, slot: Slot, reason: str, host: str,
+            drain_first: bool) -> tuple[list[KV], dict[str, Any]]:
+    """Declare the slot's generation failed (``drain_first``: after taking it out of routing and draining it; put
+    back into routing when the declaration does not happen). Returns the records derouted and the drain."""
+    derouted: list[KV] = []
+    drained: dict[str, Any] = {}
+    declared = None
+    try:
+        if drain_first:
+            derouted = take_out_of_routing(plan, coord.etcd, slot.cohort)
+            if derouted:
+                drained = drain(lambda: leader_running(plan, slot.cohort), plan.failover.planned_grace_s)
+        declared = coord.declare_failed(slot.cohort, slot.generation, reason, host)
+    except EtcdError as err:
+        raise FailoverError(f"etcd: {err}; cohort {slot.cohort} goes on serving") from None
+    finally:
+        if declared is None and derouted:
+            reroute(coord.etcd, derouted)
+    if declared is None:
+        raise FailoverError(f"cohort {slot.cohort} generation {slot.generation} was declared failed by someone "
+                            "else (or changed) just now; run it again")
+    return derouted, drained
 
 
 def follow(plan: Plan, coord: Coordination, cohort: int, generation: int, was_serving: bool, since: float,
