@@ -107,6 +107,20 @@ def test_a_second_run_keeps_the_tokens_clients_hold(secured: str):
     assert put_with_token() == 200, "a second run invalidated the token a client holds"
 
 
+def test_a_permission_taken_away_is_granted_again_and_only_it(secured: str):
+    """Grants are made only where missing (each grant is a change of etcd's auth store, which refuses requests
+    under the older auth revision for a moment): a permission revoked by hand is the one change of the next run."""
+    root = Etcd(secured, auth=EtcdAuth(ROOT, PASSWORDS[ROOT]))
+    root._call("/v3/auth/role/revoke", {  # noqa: SLF001 (a test's hand on the auth store)
+        "role": f"shadowline-{AGENT}", "key": "djEv", "range_end": "djEw"})  # v1/ .. v10
+    agent = Etcd(secured, auth=EtcdAuth(AGENT, PASSWORDS[AGENT]))
+    with pytest.raises(EtcdError):
+        agent.put("v1/unit-grant", "x")
+    assert ensure_etcd_auth(secured, "unit", PASSWORDS) == [f"role shadowline-{AGENT}: v1/"]
+    agent.put("v1/unit-grant", "x")
+    assert ensure_etcd_auth(secured, "unit", PASSWORDS) == []
+
+
 def test_password_rotation(secured: str):
     rotated = dict(PASSWORDS, dynamo="dynamo-pw-rotated")
     ensure_etcd_auth(secured, "unit", rotated)

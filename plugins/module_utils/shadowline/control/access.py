@@ -106,6 +106,16 @@ def _authenticates(endpoint: str, user: str, password: str, timeout: float) -> b
     return True
 
 
+def _role_grants(endpoint: str, role: str, token: str | None, timeout: float) -> set[tuple[str, str]]:
+    """The (key, range_end) of the role's read-write permissions, base64 as etcd's JSON gateway gives them."""
+    perms = _post(endpoint, "/v3/auth/role/get", {"role": role}, token, timeout).get("perm") or []
+    return {(p.get("key", ""), p.get("range_end", "")) for p in perms if p.get("permType") == "READWRITE"}
+
+
+def _user_roles(endpoint: str, user: str, token: str | None, timeout: float) -> set[str]:
+    return set(_post(endpoint, "/v3/auth/user/get", {"name": user}, token, timeout).get("roles") or [])
+
+
 def role_permissions(deployment: str) -> dict[str, list[str]]:
     """Each role's read-write key prefixes."""
     return {AGENT: [f"/shadowline/{deployment}/", DISCOVERY_PREFIX], DYNAMO: [DISCOVERY_PREFIX]}
@@ -137,18 +147,29 @@ def ensure_etcd_auth(endpoint: str, deployment: str, passwords: dict[str, str], 
             # same value, and a Dynamo runtime holding one (a parked shadow) then fails to register at its wake
             if not (enabled and _authenticates(endpoint, user, passwords[user], timeout)):
                 _post(endpoint, "/v3/auth/user/changepw", {"name": user, "password": passwords[user]}, token, timeout)
+    # grants only where missing: each one is a change of etcd's auth store (its auth revision), which makes etcd
+    # refuse requests under the older revision, for a moment, to every client
     if ROOT not in roles:
         _post(endpoint, "/v3/auth/role/add", {"name": ROOT}, token, timeout)
-    _post(endpoint, "/v3/auth/user/grant", {"user": ROOT, "role": ROOT}, token, timeout)
+    if ROOT not in _user_roles(endpoint, ROOT, token, timeout):
+        _post(endpoint, "/v3/auth/user/grant", {"user": ROOT, "role": ROOT}, token, timeout)
     for role, prefixes in role_permissions(deployment).items():
         name = f"shadowline-{role}"
+        granted: set[tuple[str, str]] = set()
         if name not in roles:
             _post(endpoint, "/v3/auth/role/add", {"name": name}, token, timeout)
             changed.append(f"role {name}")
+        else:
+            granted = _role_grants(endpoint, name, token, timeout)
         for prefix in prefixes:
-            _post(endpoint, "/v3/auth/role/grant", {"name": name, "perm": {
-                "permType": "READWRITE", "key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}}, token, timeout)
-        _post(endpoint, "/v3/auth/user/grant", {"user": role, "role": name}, token, timeout)
+            if (_b64(prefix), _b64(prefix_end(prefix))) not in granted:
+                _post(endpoint, "/v3/auth/role/grant", {"name": name, "perm": {
+                    "permType": "READWRITE", "key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}},
+                    token, timeout)
+                changed.append(f"role {name}: {prefix}")
+        if name not in _user_roles(endpoint, role, token, timeout):
+            _post(endpoint, "/v3/auth/user/grant", {"user": role, "role": name}, token, timeout)
+            changed.append(f"user {role}: role {name}")
     if not enabled:
         _post(endpoint, "/v3/auth/enable", {}, None, timeout)
         changed.append("authentication enabled")
