@@ -35,7 +35,7 @@ from .etcd_client import KV, Etcd, EtcdError
 from .events import read_events
 from .lock import parse_holder
 from .observe import leader_progress
-from .proc import cgroup_pids, listening_ports, unit_properties
+from .proc import cgroup_pids, listening_ports, unit_cgroup
 from .progress import ProgressSample
 
 # planned: SIGTERM and planned_grace_s (the engines drain); handover: the same refusal, the drain above (at most
@@ -124,7 +124,7 @@ def leader_running(plan: Plan, cohort: int) -> float | None:
 
 def take_out_of_routing(plan: Plan, etcd: Etcd, cohort: int) -> list[KV]:
     """Deroute the cohort's leader (on this node: its registration is found by the ports its unit listens on too)."""
-    cgroup = unit_properties(plan.unit_name("engine", cohort), "ControlGroup").get("ControlGroup")
+    cgroup = unit_cgroup(plan.unit_name("engine", cohort))
     ports = listening_ports(cgroup_pids(cgroup)) if cgroup else set()
     return deroute(etcd, [r.lease for r in cohort_registrations(etcd, plan, cohort, ports)])
 
