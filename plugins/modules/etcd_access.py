@@ -47,11 +47,12 @@ EXAMPLES = r"""
 
 RETURN = r"""
 changed_items:
-  description: What was created or turned on.
+  description: What was created, granted (only where missing) or turned on.
   returned: always
   type: list
   elements: str
-  sample: ["user root", "role shadowline-agent", "authentication enabled"]
+  sample: ["user root", "user root: role root", "role shadowline-agent", "role shadowline-agent: v1/",
+           "authentication enabled"]
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -30,7 +30,7 @@ def etcd(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def secured(etcd) -> str:
     changed = ensure_etcd_auth(etcd.url, "unit", PASSWORDS)
-    assert "authentication enabled" in changed
+    assert "authentication enabled" in changed and f"user {ROOT}: role {ROOT}" in changed
     assert ensure_etcd_auth(etcd.url, "unit", PASSWORDS) == []  # idempotent
     return etcd.url
 

@@ -153,6 +153,7 @@ def ensure_etcd_auth(endpoint: str, deployment: str, passwords: dict[str, str], 
         _post(endpoint, "/v3/auth/role/add", {"name": ROOT}, token, timeout)
     if ROOT not in _user_roles(endpoint, ROOT, token, timeout):
         _post(endpoint, "/v3/auth/user/grant", {"user": ROOT, "role": ROOT}, token, timeout)
+        changed.append(f"user {ROOT}: role {ROOT}")
     for role, prefixes in role_permissions(deployment).items():
         name = f"shadowline-{role}"
         granted: set[tuple[str, str]] = set()
