@@ -76,6 +76,16 @@ def unit(plan: Plan, kind: str, cohort: int | None = None) -> str:
 
 # -- running things inside a host ----------------------------------------------------------------------- #
 
+NATS_JOURNAL = "journalctl -u shadowline-{deployment}-nats --no-pager -o cat"  # the NATS server's log on its host
+
+
+def nats_refusals(journal: str) -> list[str]:
+    """The lines of a NATS server's log that refuse a client with a certificate of the deployment's CA: a subject
+    outside its permissions (``Publish Violation``, ``Subscription Violation``) or a certificate that maps to no
+    user (``authentication error``)."""
+    return [line for line in journal.splitlines() if "Violation" in line or "authentication error" in line]
+
+
 def run_in(host: str, argv: Sequence[str], *, check: bool = True, timeout: float = 30.0,
            input: str | None = None) -> subprocess.CompletedProcess[str]:
     """argv inside ``host``; with ``check``, a non-zero exit raises with the command's output."""

@@ -39,7 +39,8 @@ import pytest
 from testbed.pytest_fixtures import load_testbed, skip_reason
 
 from .conftest import ensure_model
-from .launch import REPO, TINY_MODEL
+from .launch import NATS_JOURNAL, REPO, TINY_MODEL
+from .launch import nats_refusals as launch_nats_refusals
 
 SITE_INSTANCE = "4"
 MOLECULE_INSTANCE = "5"
@@ -316,6 +317,11 @@ def listeners(host: str) -> list[tuple[str, str]]:
 
 
 DEPLOYMENT_PROCESS = re.compile(r"shadowline|dynamo|etcd|nats-server")
+
+
+def nats_refusals(host: str, deployment: str) -> list[str]:
+    """What the deployment's NATS server on ``host`` has logged refusing a client (launch.nats_refusals)."""
+    return launch_nats_refusals(host_sh(host, NATS_JOURNAL.format(deployment=deployment), timeout=60))
 
 
 def host_rc(host: str, script: str, timeout: float = 120) -> tuple[int, str]:

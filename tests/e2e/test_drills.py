@@ -346,3 +346,12 @@ def test_an_upgrade_the_engine_refuses_rolls_back_with_the_old_primary_serving(d
     assert plan.cohort(0).ranks[0].process.argv[-2:] == ("--max-model-len", "2048"), "the agents' plan is not the old one"
     assert not [r for r in load.requests if not r.ok], load.summary()
     assert_whole()
+
+
+def test_nats_refused_nothing_the_engines_and_frontend_sent(deployment: dict[str, Any]) -> None:
+    """Through every drill, promotion, relaunch and upgrade above, the NATS server (TLS, a user per host's
+    certificate, Dynamo's subjects only) refused nothing of the deployment's own clients: the permissions cover
+    what the engines (the stand-in's Dynamo runtime) and the frontend publish and subscribe to."""
+    journal = on(LEADER, "sh", "-c", launch.NATS_JOURNAL.format(deployment=DEPLOYMENT), timeout=60)
+    assert "Server is ready" in journal, "no NATS log on the infra host"
+    assert not launch.nats_refusals(journal), launch.nats_refusals(journal)[:10]

@@ -54,6 +54,7 @@ from .site_helpers import (
     listeners,
     main_pid,
     marked_processes,
+    nats_refusals,
     proc_environ,
     run_playbook,
     say,
@@ -223,9 +224,10 @@ def _secrets_of(plan: dict[str, Any]) -> list[str]:
     return [s for s in found if len(s) >= 16]
 
 
-def _nats_answer(address: str, port: int, ca: Path | None, cert: tuple[Path, Path] | None = None) -> str:
-    """What NATS says to a client that sends CONNECT in plain text (``ca`` None) or after a TLS handshake
-    that trusts the deployment's CA and presents ``cert`` (certificate, key) or no certificate."""
+def _nats_answer(address: str, port: int, ca: Path | None, cert: tuple[Path, Path] | None = None,
+                 commands: str = "") -> str:
+    """What NATS says to a client that sends CONNECT (and ``commands``) in plain text (``ca`` None) or after a
+    TLS handshake that trusts the deployment's CA and presents ``cert`` (certificate, key) or no certificate."""
     with socket.create_connection((address, port), timeout=5) as sock:
         info = sock.recv(4096).decode(errors="replace")
         assert '"tls_required":true' in info, info
@@ -238,17 +240,27 @@ def _nats_answer(address: str, port: int, ca: Path | None, cert: tuple[Path, Pat
             context.load_cert_chain(str(cert[0]), str(cert[1]))
         try:
             with context.wrap_socket(sock, server_hostname=address) as tls:
-                tls.sendall(b"CONNECT {}\r\nPING\r\n")
-                return tls.recv(4096).decode(errors="replace") or "closed"
+                tls.sendall(f"CONNECT {{}}\r\n{commands}PING\r\n".encode())
+                answer = b""
+                while b"PONG" not in answer and b"Authorization" not in answer:
+                    data = tls.recv(4096)
+                    if not data:
+                        break
+                    answer += data
+                return answer.decode(errors="replace") or "closed"
         except (ssl.SSLError, OSError) as err:
             return f"refused: {err}"
 
 
 def test_control_plane_refuses_clients_without_credentials(site: Site, request: pytest.FixtureRequest) -> None:
     """A forged slot record is refused: without credentials (from a node of the deployment and from outside it),
-    and with the engines' own identity; NATS refuses a client without TLS and one without a certificate."""
+    and with the engines' own identity; NATS refuses a client without TLS, one without a certificate, the
+    controller's certificate (no NATS user) and a host's subjects outside Dynamo's, and has refused nothing that
+    the engines and the frontend sent (converge and a completion: both their identities at work)."""
     site.need("converged")
     plan = site.plan()
+    refusals = nats_refusals("node0", DEPLOYMENT)
+    assert not refusals, f"NATS refused the deployment's own Dynamo clients: {refusals}"
     etcd = plan["infra"]["etcd_endpoints"].split(",")[0]
     forged = f"/shadowline/{DEPLOYMENT}/slots/0"
     rc, output = host_rc("node1", f"etcdctl --endpoints={etcd} --command-timeout=5s put {forged} forged")
@@ -272,11 +284,18 @@ def test_control_plane_refuses_clients_without_credentials(site: Site, request: 
     ensure_pki(str(other), "other", [("node1", plan["nodes"][1]["address"])], [])
     foreign = _nats_answer(address, int(port), ca, (other / "hosts/node1/client.crt", other / "hosts/node1/client.key"))
     assert "PONG" not in foreign, f"NATS served another deployment's certificate: {foreign!r}"
-    mine = Path(os.path.expanduser(plan["security"]["controller_dir"])) / "pki" / "controller"
-    own = _nats_answer(address, int(port), ca, (mine / "client.crt", mine / "client.key"))
-    assert "PONG" in own, f"NATS refused the deployment's own certificate: {own!r}"
+    pki = Path(os.path.expanduser(plan["security"]["controller_dir"])) / "pki"
+    controller = _nats_answer(address, int(port), ca, (pki / "controller/client.crt", pki / "controller/client.key"))
+    assert "Authorization Violation" in controller, f"NATS served the controller, which is no NATS user: {controller!r}"
+    node = (pki / "hosts/node1/client.crt", pki / "hosts/node1/client.key")
+    own = _nats_answer(address, int(port), ca, node)
+    assert "PONG" in own, f"NATS refused a host's own certificate: {own!r}"
+    outside = _nats_answer(address, int(port), ca, node, "SUB > 1\r\nPUB shadowline.slots 1\r\nx\r\n")
+    assert 'Permissions Violation for Subscription to ">"' in outside, outside
+    assert 'Permissions Violation for Publish to "shadowline.slots"' in outside, outside
     say(request, f"control plane: etcd refused a forged slot (no credentials; engines' identity), NATS refused "
-                 f"plain text ({plain.strip()[:40] or 'closed'!r}) and a client without a certificate ({anonymous[:60]!r})")
+                 f"plain text ({plain.strip()[:40] or 'closed'!r}), a client without a certificate ({anonymous[:60]!r}), "
+                 f"the controller's certificate (no NATS user) and a host's subscription to everything")
 
 
 def _handshake(address: str, port: int, ca: Path, cert: tuple[Path, Path] | None) -> str:

@@ -46,7 +46,8 @@ def test_secure_by_default():
     assert env["NATS_SERVER"].startswith("tls://") and env["NATS_TLS_CA_CERT_PATH"] == plan.security.ca
     assert "ETCD_AUTH_PASSWORD" not in env and "ETCD_AUTH_PASSWORD" not in plan.infra.frontend.env
     nats_conf = next(iter(plan.infra.nats[0].files.values()))
-    assert f'ca_file: "{plan.security.ca}", verify: true' in nats_conf
+    assert f'ca_file: "{plan.security.ca}", verify_and_map: true' in nats_conf  # clients: a user per certificate
+    assert f'ca_file: "{plan.security.ca}", verify: true' not in nats_conf  # one infra host: no routes
     text = all_units(plan)
     assert f"EnvironmentFile={plan.security.dynamo_env}" in text["frontend"]
     assert f"EnvironmentFile={plan.security.dynamo_env}" in text["engine"]
@@ -104,6 +105,22 @@ def test_a_host_certificate_follows_its_address(tmp_path: Path):
     contract, _unused = parse_contract(hv, hosts)
     again = ensure_secrets(build_plan(contract))
     assert sorted(os.path.basename(os.path.dirname(p)) for p in again) == ["node1"] * 4  # client and server
+
+
+def test_a_certificate_of_another_deployment_is_issued_again(tmp_path: Path):
+    """One gms_secrets_dir used by two deployments (Molecule's scenarios do): the hosts' certificates follow the
+    deployment whose plan runs, since their subject is its NATS user; the CA stays."""
+    from cryptography import x509
+
+    ensure_secrets(plan_of(tmp_path))
+    ca = (tmp_path / "secrets" / "pki" / "ca.crt").read_bytes()
+    other = plan_of(tmp_path, gms_deployment="other")
+    again = ensure_secrets(other)
+    assert any(p.endswith("hosts/node0/client.crt") for p in again), again
+    cert = x509.load_pem_x509_certificate((tmp_path / "secrets" / "pki" / "hosts" / "node0" / "client.crt").read_bytes())
+    assert cert.subject.rfc4514_string() == "CN=node0.other.shadowline,O=shadowline other"
+    assert (tmp_path / "secrets" / "pki" / "ca.crt").read_bytes() == ca
+    assert ensure_secrets(other) == []
 
 
 EXPOSURE_LIMITS = {"etcd": 3.0, "nats": 3.0, "frontend": 3.0, "gms": 3.0, "engine": 4.0, "agent": 5.0}
@@ -172,6 +189,140 @@ def test_nats_configuration_with_tls_passes_nats_server_check(tmp_path: Path, in
         Path(path).write_text(text)
         proc = subprocess.run(["nats-server", "-c", path, "-t"], capture_output=True, text=True, check=False)
         assert proc.returncode == 0, f"{host}: {proc.stdout}{proc.stderr}\n{text}"
+
+
+def _nats_session(port: int, ca: Path, cert: Path | None, commands: str = "", user: str | None = None,
+                  password: str = "") -> str:
+    """A NATS client over TLS with the deployment's CA and ``cert`` (its .crt, beside it its .key; None: no
+    certificate): CONNECT (as ``user`` with ``password``, as Dynamo does with the plan's NATS_AUTH_* variables;
+    None: no user), ``commands``, PING; what the server answered up to its PONG (or why it refused)."""
+    import json
+    import socket
+    import ssl
+    import time
+
+    context = ssl.create_default_context(cafile=str(ca))
+    context.check_hostname = False
+    if cert is not None:
+        context.load_cert_chain(str(cert), str(cert.with_suffix(".key")))
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.recv(4096)  # INFO, in plain text
+        try:
+            with context.wrap_socket(sock, server_hostname="127.0.0.1") as tls:
+                connect = {"verbose": False, **({"user": user, "pass": password} if user is not None else {})}
+                tls.sendall(f"CONNECT {json.dumps(connect)}\r\n{commands}PING\r\n".encode())
+                answer, deadline = b"", time.monotonic() + 5
+                while b"PONG" not in answer and b"Authorization" not in answer and time.monotonic() < deadline:
+                    data = tls.recv(4096)
+                    if not data:
+                        break
+                    answer += data
+                return answer.decode(errors="replace")
+        except (ssl.SSLError, OSError) as err:
+            return f"refused: {err}"
+
+
+@pytest.mark.skipif(not shutil.which("nats-server"), reason="needs nats-server (bindep)")
+def test_nats_maps_each_hosts_certificate_to_a_user_with_dynamos_subjects_only(tmp_path: Path):
+    """The rendered NATS configuration, run by the real nats-server on loopback with the deployment's
+    certificates: a host's certificate is its user and may use Dynamo's subjects (its namespace, replies,
+    JetStream); a subscription to everything, to the system account or to another namespace, and a publish outside
+    them are refused as permission violations; the controller's certificate, of the same CA, is no NATS user."""
+    import socket
+
+    plan = plan_of(tmp_path)
+    ensure_secrets(plan)
+    pki = tmp_path / "secrets" / "pki"
+    (config_path, text), = plan.infra.nats[0].files.items()
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        port, monitor = a.getsockname()[1], b.getsockname()[1]
+    text = re.sub(r'listen: "[^"]+"', f'listen: "127.0.0.1:{port}"', text)
+    text = re.sub(r'http: "[^"]+"', f'http: "127.0.0.1:{monitor}"', text)
+    text = re.sub(r'store_dir: "[^"]+"', f'store_dir: "{tmp_path / "js"}"', text)
+    text = text.replace(plan.security.dir, str(pki / "hosts" / plan.infra.hosts[0].host)).replace(
+        str(pki / "hosts" / plan.infra.hosts[0].host) + "/ca.crt", str(pki / "ca.crt"))
+    config = tmp_path / "nats-server.conf"
+    config.write_text(text)
+    server = subprocess.Popen(["nats-server", "-c", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    try:
+        _wait_listening(port)
+        ca, node1 = pki / "ca.crt", pki / "hosts" / "node1" / "client.crt"
+        env = plan.cohort(0).ranks[1].process.env  # node1's engine: who it says it is
+        dynamos = ("SUB namespace.dynamo.> 1\r\nSUB _INBOX.x.> 2\r\n"
+                   "PUB namespace.dynamo.component.backend.kv_metrics 2\r\nok\r\nPUB $JS.API.INFO _INBOX.x.1 0\r\n\r\n")
+        allowed = _nats_session(port, ca, node1, dynamos, user=env["NATS_AUTH_USERNAME"])
+        assert "PONG" in allowed and "Violation" not in allowed, allowed
+        assert "MSG namespace.dynamo.component.backend.kv_metrics 1 2" in allowed, allowed
+        outside = "SUB > 1\r\nSUB $SYS.> 2\r\nSUB namespace.other.> 3\r\nPUB shadowline.slots 2\r\nno\r\n"
+        refused = _nats_session(port, ca, node1, outside)
+        for what in ('Subscription to ">"', 'Subscription to "$SYS.>"', 'Subscription to "namespace.other.>"',
+                     'Publish to "shadowline.slots"'):
+            assert f"Permissions Violation for {what}" in refused, refused
+        controller = _nats_session(port, ca, pki / "controller" / "client.crt")
+        assert "Authorization Violation" in controller and "PONG" not in controller, controller
+        default = _nats_session(port, ca, node1, user="user", password="user")  # Dynamo 1.6.1 without NATS_AUTH_*
+        assert "Authorization Violation" in default and "PONG" not in default, default
+        assert "PONG" not in _nats_session(port, ca, None)
+    finally:
+        server.terminate()
+        log = server.communicate(timeout=10)[0]
+    assert 'User "CN=node1.llama.shadowline,O=shadowline llama", Subject ">"' in log, log
+
+
+def _wait_listening(port: int, timeout_s: float = 10.0) -> None:
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
+
+
+def test_dynamo_namespace_follows_the_engines_endpoint():
+    """NATS's subjects follow the namespace the engines register in: Dynamo's default, or --endpoint's."""
+    from shadowline.deployment.plan import dynamo_namespace
+
+    assert dynamo_namespace(()) == "dynamo"
+    assert dynamo_namespace(("--max-model-len", "8192", "--endpoint", "dyn://prod.backend.generate")) == "prod"
+    assert dynamo_namespace(("--endpoint=dyn://team-a.backend.generate",)) == "team-a"
+    hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16,
+                                        "extra_args": ["--endpoint", "dyn://prod.backend.generate"]})
+    contract, problems = parse_contract(hv, hosts)
+    assert not problems and contract is not None, problems
+    (text,) = build_plan(contract).infra.nats[0].files.values()
+    assert '"namespace.prod.>"' in text and "namespace.dynamo" not in text
+
+
+def test_a_hosts_nats_user_is_its_certificates_subject(tmp_path: Path):
+    """The user names in NATS's configuration are exactly the subjects of the certificates the CA issued (RFC 2253,
+    as nats-server writes them), for every host; the controller has none."""
+    from cryptography import x509
+
+    plan = plan_of(tmp_path, nodes=3)
+    ensure_secrets(plan)
+    (text,) = plan.infra.nats[0].files.values()
+    users = re.findall(r'user: "([^"]+)"', text)
+    pki = tmp_path / "secrets" / "pki"
+    issued = [x509.load_pem_x509_certificate((pki / "hosts" / h / "client.crt").read_bytes()).subject.rfc4514_string()
+              for h in ("node0", "node1", "node2")]
+    assert users == issued
+    controller = x509.load_pem_x509_certificate((pki / "controller" / "client.crt").read_bytes())
+    assert controller.subject.rfc4514_string() not in users
+    for rank in plan.cohort(1).ranks:  # every Dynamo client names its own host's user (and no password)
+        assert rank.process.env["NATS_AUTH_USERNAME"] == issued[rank.node_rank]
+        assert rank.process.env["NATS_AUTH_PASSWORD"] == ""
+    assert plan.infra.frontend.env["NATS_AUTH_USERNAME"] == issued[0]
+    insecure = plan_of(gms_insecure=True)
+    assert "NATS_AUTH_USERNAME" not in insecure.cohort(0).ranks[0].process.env
+    assert "authorization" not in next(iter(insecure.infra.nats[0].files.values()))
 
 
 def test_each_dynamo_client_gets_one_member_of_each_cluster():

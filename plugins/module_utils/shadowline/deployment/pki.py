@@ -5,9 +5,9 @@ every host gets a client certificate (its agent, engines, frontend and the modul
 and NATS with it); each infra host gets a server certificate (etcd's client and peer listeners, NATS) naming
 its address and host name; the controller gets a client certificate of its own (status, drills). Keys are
 EC P-256, written 0600 in directories 0700; nothing is ever returned or printed but paths. A certificate is
-issued again when it is missing, when its names no longer match the host's address, when the CA changed, or
-when it expires within 30 days. Needs the ``cryptography`` package on the controller (ansible-core's own
-dependency).
+issued again when it is missing, when its names no longer match the host's address, when its subject names
+another deployment, when the CA changed, or when it expires within 30 days. Needs the ``cryptography`` package
+on the controller (ansible-core's own dependency).
 
 Layout of ``pki_dir``: ``ca.crt``, ``ca.key``, ``hosts/<host>/{client,server}.{crt,key}``, ``controller/client.*``.
 """
@@ -41,12 +41,37 @@ def subjects(deployment: str, hosts: list[tuple[str, str]], infra: list[tuple[st
     out = []
     for host, address in dict.fromkeys(hosts + infra):
         names = _names(host, address)
-        out.append(Subject(f"hosts/{host}", CLIENT, f"{host}.{deployment}.shadowline", *names))
+        out.append(Subject(f"hosts/{host}", CLIENT, common_name(deployment, host), *names))
     for host, address in dict.fromkeys(hosts + infra):
         dns, ips = _names(host, address)
-        out.append(Subject(f"hosts/{host}", SERVER, f"{host}.{deployment}.shadowline", dns, ips + ("127.0.0.1",)))
-    out.append(Subject("controller", CLIENT, f"controller.{deployment}.shadowline"))
+        out.append(Subject(f"hosts/{host}", SERVER, common_name(deployment, host), dns, ips + ("127.0.0.1",)))
+    out.append(Subject("controller", CLIENT, common_name(deployment, "controller")))
     return out
+
+
+def common_name(deployment: str, who: str) -> str:
+    """The CN of a certificate of the deployment: a host's (its services') or the controller's."""
+    return f"{who}.{deployment}.shadowline"
+
+
+def organization(deployment: str) -> str:
+    """The O of every certificate the deployment's CA issues (not of the CA itself)."""
+    return f"shadowline {deployment}"
+
+
+def subject_dn(deployment: str, who: str) -> str:
+    """A certificate's subject as RFC 2253 writes it (the last attribute first), which is how NATS names the user
+    of a client certificate with ``verify_and_map`` (nats-server 2.9, measured): ``CN=...,O=...``."""
+    return f"CN={_dn_escape(common_name(deployment, who))},O={_dn_escape(organization(deployment))}"
+
+
+def _dn_escape(value: str) -> str:
+    """RFC 2253 escaping of an attribute value as Go's crypto/x509/pkix writes it (nats-server's side); deployment
+    names and host names rarely need any."""
+    out = "".join("\\" + c if c in ',+"\\<>;' else c for c in value)
+    if out.startswith(("#", " ")):
+        out = "\\" + out
+    return out[:-1] + "\\ " if out.endswith(" ") else out
 
 
 def _names(host: str, address: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -108,15 +133,16 @@ def ensure_pki(pki_dir: str, deployment: str, hosts: list[tuple[str, str]], infr
         cert_path = os.path.join(directory, f"{subject.kind}.crt")
         key_path = os.path.join(directory, f"{subject.kind}.key")
         sans = [x509.DNSName(d) for d in subject.dns] + [x509.IPAddress(ipaddress.ip_address(i)) for i in subject.ips]
-        if _current(cert_path, key_path, ca_cert, sans, now):
+        name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization(deployment)),
+                          x509.NameAttribute(NameOID.COMMON_NAME, subject.cn)])
+        if _current(cert_path, key_path, ca_cert, name, sans, now):
             continue
         key = ec.generate_private_key(ec.SECP256R1())
         usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
         if subject.kind == SERVER:
             usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
         builder = (x509.CertificateBuilder()
-                   .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, f"shadowline {deployment}"),
-                                            x509.NameAttribute(NameOID.COMMON_NAME, subject.cn)]))
+                   .subject_name(name)
                    .issuer_name(ca_cert.subject).public_key(key.public_key())
                    .serial_number(x509.random_serial_number())
                    .not_valid_before(now - datetime.timedelta(minutes=5))
@@ -130,15 +156,19 @@ def ensure_pki(pki_dir: str, deployment: str, hosts: list[tuple[str, str]], infr
     return written
 
 
-def _current(cert_path: str, key_path: str, ca_cert: object, sans: list[object], now: datetime.datetime) -> bool:
-    """Whether the certificate at ``cert_path`` (with its key) can stay: same CA, same names, not expiring."""
+def _current(cert_path: str, key_path: str, ca_cert: object, name: object, sans: list[object],
+             now: datetime.datetime) -> bool:
+    """Whether the certificate at ``cert_path`` (with its key) can stay: same CA, same subject (NATS's user name:
+    another deployment's certificate in a shared ``gms_secrets_dir`` is not this one's), same names, not
+    expiring."""
     from cryptography import x509  # noqa: PLC0415
 
     if not (os.path.exists(cert_path) and os.path.exists(key_path)):
         return False
     with open(cert_path, "rb") as handle:
         cert = x509.load_pem_x509_certificate(handle.read())
-    if cert.issuer != ca_cert.subject or cert.not_valid_after_utc - RENEW_BEFORE < now:  # type: ignore[attr-defined]
+    if (cert.issuer != ca_cert.subject or cert.subject != name  # type: ignore[attr-defined]
+            or cert.not_valid_after_utc - RENEW_BEFORE < now):
         return False
     try:
         have = list(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)

@@ -26,6 +26,7 @@ from .contract import (
     Node,
     Ports,
 )
+from .pki import subject_dn
 from .ports import CohortPorts, cohort_ports
 
 FRONTEND_MIGRATION_LIMIT = 3
@@ -87,7 +88,8 @@ class Security:
     etcd: role-based access with a password per identity (agents: the deployment's coordination keys and
     Dynamo's discovery keys; Dynamo's engines and frontend: the discovery keys only). Dynamo 1.6.1's etcd client
     has no TLS (an https:// endpoint fails with HttpsUriWithoutTlsSupport), so etcd's transport stays plain.
-    NATS: TLS with client certificates of the deployment's CA, required of every client.
+    NATS: TLS with client certificates of the deployment's CA, required of every client; each host's certificate
+    is a NATS user allowed Dynamo's subjects only (nats_authorization).
     ``insecure`` (gms_insecure: true): neither; every run warns. No secret is in the plan: only file paths.
     """
     insecure: bool
@@ -395,7 +397,7 @@ def _infra_plan(contract: Contract, dirs: _Dirs, security: Security) -> InfraPla
     argv = (runtime_python(contract), "-m", "dynamo.frontend", "--http-host", contract.frontend_bind,
             "--http-port", str(ports.frontend), "--migration-limit", str(FRONTEND_MIGRATION_LIMIT))
     env = {
-        **_discovery_env(etcd, nats, security),
+        **_discovery_env(etcd, nats, security, contract.deployment, first.host),
         "ETCD_LEASE_TTL": str(contract.engine.lease_ttl_s),  # the engines' etcd outage tolerance, the frontend's too
         "DYN_TCP_RESPONSE_STREAM_HOST": first.address,
         "HF_HUB_OFFLINE": "1",
@@ -457,7 +459,8 @@ def _etcd_member(contract: Contract, dirs: _Dirs, security: Security, node: Node
 
 def _nats_server(contract: Contract, dirs: _Dirs, security: Security, node: Node) -> Process:
     """NATS with JetStream; client port on the node's address, monitoring on loopback only; unless insecure, TLS
-    with a certificate of the deployment's CA required of every client and route."""
+    with a certificate of the deployment's CA required of every client and route, and each client certificate
+    mapped to its host's NATS user with Dynamo's subjects only (``nats_authorization``)."""
     ports = contract.ports
     config_path = f"{dirs.config}/nats-server.conf"
     tls = ("" if security.insecure else
@@ -468,7 +471,9 @@ def _nats_server(contract: Contract, dirs: _Dirs, security: Security, node: Node
         f'listen: "{node.address}:{ports.nats}"',
         f'http: "127.0.0.1:{ports.nats_monitor}"',
         f'jetstream {{ store_dir: "{nats_store_dir(dirs.state)}" }}',
-    ] + ([tls] if tls else [])
+    ]
+    if not security.insecure:
+        lines += [tls.replace("verify: true", "verify_and_map: true"), *nats_authorization(contract)]
     if len(contract.infra_hosts) > 1:
         routes = ", ".join(f'"nats-route://{n.address}:{ports.nats_cluster}"' for n in contract.infra_hosts)
         lines.append(f'cluster {{ name: "shadowline-{contract.deployment}", '
@@ -477,10 +482,49 @@ def _nats_server(contract: Contract, dirs: _Dirs, security: Security, node: Node
                    files={config_path: "\n".join(lines) + "\n"})
 
 
-def _discovery_env(etcd_endpoints: str, nats_server: str, security: Security, seed: int = 0) -> dict[str, str]:
+DYNAMO_NAMESPACE = "dynamo"  # Dynamo 1.6.1's own: its engines serve dyn://dynamo.backend.generate unless told
+
+
+def dynamo_namespace(engine_args: tuple[str, ...]) -> str:
+    """The Dynamo namespace the engines register in: the one their ``--endpoint dyn://<namespace>.<component>.
+    <endpoint>`` names (in gms_engine.extra_args), else Dynamo's default."""
+    for i, arg in enumerate(engine_args):
+        value = (engine_args[i + 1] if arg == "--endpoint" and i + 1 < len(engine_args) else
+                 arg.split("=", 1)[1] if arg.startswith("--endpoint=") else None)
+        if value:
+            return value.split("://")[-1].split(".")[0] or DYNAMO_NAMESPACE
+    return DYNAMO_NAMESPACE
+
+
+def nats_subjects(namespace: str) -> dict[str, tuple[str, ...]]:
+    """What a Dynamo process (engine, frontend) may publish and subscribe to: its namespace's subjects (events and
+    metrics: ``namespace.<ns>.component.<c>.endpoint.<e>.<event>``), replies to its requests (``_INBOX``), and
+    JetStream's API, acknowledgements, flow control, key-value and object stores (``$JS``, ``$KV``, ``$O``, the
+    prefixes Dynamo's runtime library names). Nothing else: not another namespace, not the system account."""
+    events = f"namespace.{namespace}.>"
+    return {"publish": (events, "_INBOX.>", "$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>", "$O.>"),
+            "subscribe": (events, "_INBOX.>")}
+
+
+def nats_authorization(contract: Contract) -> list[str]:
+    """NATS's users, one per host of the deployment, each named by its client certificate's subject (TLS
+    ``verify_and_map``) and allowed Dynamo's subjects only. The controller's certificate (status, drills) maps to
+    no user: NATS refuses it, as it refuses any certificate of another CA."""
+    subjects = nats_subjects(dynamo_namespace(contract.engine.extra_args))
+    allowed = ", ".join(f'{kind}: {{ allow: [{", ".join(json.dumps(s) for s in names)}] }}'
+                        for kind, names in subjects.items())
+    hosts = dict.fromkeys(n.host for n in contract.nodes + contract.infra_hosts)
+    users = ", ".join(f"{{ user: {json.dumps(subject_dn(contract.deployment, host))}, permissions: $DYNAMO }}"
+                      for host in hosts)
+    return [f"authorization {{ DYNAMO = {{ {allowed} }}, users = [ {users} ] }}"]
+
+
+def _discovery_env(etcd_endpoints: str, nats_server: str, security: Security, deployment: str, host: str,
+                   seed: int = 0) -> dict[str, str]:
     """How every Dynamo client (frontend, engines, Slurm steps) reaches etcd and NATS: one member of each and,
-    unless insecure, the paths of NATS's TLS files. etcd's password is no part of it: the units read it from
-    ``security.dynamo_env`` (ETCD_AUTH_USERNAME/PASSWORD), so it is never in a unit file or the plan.
+    unless insecure, the paths of NATS's TLS files and the NATS user the client on ``host`` is (its certificate's
+    subject, nats_identity). etcd's password is no part of it: the units read it from ``security.dynamo_env``
+    (ETCD_AUTH_USERNAME/PASSWORD), so it is never in a unit file or the plan.
 
     One member, not the list (``seed``: the frontend 0, a cohort its number, spread over the members), because
     of what Dynamo 1.6.1 does with a list (measured on the 3-infra testbed): NATS_SERVER with several servers,
@@ -493,8 +537,18 @@ def _discovery_env(etcd_endpoints: str, nats_server: str, security: Security, se
     env = {"ETCD_ENDPOINTS": members[seed % len(members)], "NATS_SERVER": servers[seed % len(servers)]}
     if not security.insecure:
         env.update(NATS_TLS_CA_CERT_PATH=security.ca, NATS_TLS_CLIENT_CERT_PATH=security.client_cert,
-                   NATS_TLS_CLIENT_KEY_PATH=security.client_key, **request_plane_tls(security))
+                   NATS_TLS_CLIENT_KEY_PATH=security.client_key, **nats_identity(deployment, host),
+                   **request_plane_tls(security))
     return env
+
+
+def nats_identity(deployment: str, host: str) -> dict[str, str]:
+    """What a Dynamo client on ``host`` tells NATS: the NATS user its certificate maps to (nats_authorization) and
+    no password. The certificate is the credential: nats-server 2.9 takes the user from it, logs the name sent
+    in CONNECT (``User ... found in connect proto, but user required from cert``, a warning) and refuses a
+    password, since the mapped user has none. Without these variables Dynamo 1.6.1 connects as user ``user``
+    with password ``user`` and is refused (measured)."""
+    return {"NATS_AUTH_USERNAME": subject_dn(deployment, host), "NATS_AUTH_PASSWORD": ""}
 
 
 def request_plane_tls(security: Security) -> dict[str, str]:
@@ -547,7 +601,8 @@ def _rank_plan(contract: Contract, infra: InfraPlan, security: Security, cohort:
         "DYN_VLLM_GMS_SHADOW_MODE": "true",
         "FAILOVER_LOCK_PATH": contract.lock_path,
         "GMS_SOCKET_DIR": contract.socket_dir,
-        **_discovery_env(infra.etcd_endpoints, infra.nats_server, security, seed=cohort),
+        **_discovery_env(infra.etcd_endpoints, infra.nats_server, security, contract.deployment, node.host,
+                         seed=cohort),
         "ETCD_LEASE_TTL": str(engine.lease_ttl_s),
         "DYN_SYSTEM_PORT": str(ports.system),
         "DYN_SYSTEM_HOST": node.address,
