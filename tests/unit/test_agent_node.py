@@ -16,6 +16,7 @@ from shadowline.control.actions import (
     MarkHealthy,
     NoteDetected,
     NoteProgress,
+    ProbeLeader,
     Record,
     ReportGmsLost,
     ReportInvalid,
@@ -34,6 +35,7 @@ from shadowline.control.node_duties import (
     health_probe_timeout,
     judge_rank,
     launch_due,
+    leader_probes_due,
     rank_exited,
     refence,
     report_invalid,
@@ -258,6 +260,57 @@ def test_leader_silent_for_less_than_the_timeout_is_judged_at_its_deadline():
     assert actions == [WakeAt(NOW.mono + 2.0)]
     assert health_probe_timeout(r, HANG, NOW) == 0.5
     assert abs(health_probe_timeout(rank(healthy_at=NOW.mono - 2.9), HANG, NOW) - 0.1) < 1e-6
+
+
+def test_each_leader_is_probed_once_at_a_time_and_headless_or_adopted_ranks_never():
+    """The loop asks a probe per leader rank with none out (the executor runs it in a thread: the loop never
+    waits on an engine), with /health's timeout up to the hang deadline and the progress metrics when due."""
+    due = rank(cohort=0, healthy_at=NOW.mono - 2.9, progress=Observation(70.0, NOW.mono - 1.0, True))
+    due.progress_at = NOW.mono - 10.0
+    fresh = rank(cohort=1, healthy_at=NOW.mono - 0.1)
+    fresh.progress_at = NOW.mono
+    headless = rank(cohort=2, leader=False)
+    adopted = rank(cohort=3, generation=0)
+    actions = leader_probes_due(memory(due, fresh, headless, adopted), HANG, NOW)
+    assert [(a.cohort, a.generation, a.progress_timeout is not None) for a in actions] == [(0, 1, True), (1, 1, False)]
+    assert all(isinstance(a, ProbeLeader) for a in actions)
+    assert abs(actions[0].timeout - 0.1) < 1e-6 and actions[1].timeout == 0.5  # up to the hang deadline
+    assert leader_probes_due(memory(due, fresh, probing={0: 1, 1: 1}), HANG, NOW) == []
+
+
+def test_a_leader_that_never_answers_costs_a_probe_thread_not_the_loop():
+    """observe.probe_leader (what the executor's probe thread runs) against a leader port that accepts and never
+    answers: it comes back after its timeout with /health not ok and no sample, whatever else is going on."""
+    import socket
+    import threading
+    import time
+
+    from shadowline.control.observe import probe_leader
+    from shadowline.deployment.contract import parse_contract
+    from shadowline.deployment.plan import build_plan
+
+    from .helpers import hostvars
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        hv, hosts = hostvars(1, gms_engine={"tensor_parallel_size": 8}, gms_ports={"system_base": port})
+        hv["node0"]["ansible_host"] = "127.0.0.1"
+        contract, problems = parse_contract(hv, hosts)
+        assert not problems and contract is not None, problems
+        plan = build_plan(contract)
+        answers: list[object] = []
+        started = time.monotonic()
+        thread = threading.Thread(target=lambda: answers.append(probe_leader(plan, 0, 7, 0.3, 0.5)), daemon=True)
+        thread.start()
+        assert time.monotonic() - started < 0.1  # the caller goes on at once
+        thread.join(5)
+        (answer,) = answers
+        assert answer.cohort == 0 and answer.generation == 7 and not answer.error
+        assert answer.health is not None and not answer.health.ok and answer.sample is False
+        assert not answer.progress_read  # /health failed: the metrics are not asked
+        assert 0.25 < answer.health.at - started < 2.0
 
 
 def test_slow_start_is_not_a_hang():

@@ -112,6 +112,17 @@ class MarkHealthy:
 
 
 @dataclass(frozen=True)
+class ProbeLeader:
+    """Read a leader rank's /health (at most ``timeout`` s) and, when ``progress_timeout`` is given and it answered
+    200, its progress metrics (at most that long), in a thread of its own; the answer comes back to the loop as
+    an observe.LeaderProbe."""
+    cohort: int
+    generation: int
+    timeout: float
+    progress_timeout: float | None  # None: the progress metrics are not due
+
+
+@dataclass(frozen=True)
 class NoteProgress:
     """The leader's generation progress as last read (``observation`` None: its /metrics had none)."""
     cohort: int
@@ -317,7 +328,7 @@ class ClearGmsLost:
 
 
 Action = Union[Record, WakeAt, Declare, TearDown, FinishTeardown, KillRest, Confirm, Launch, Launched, LaunchFailed,
-               AbandonStart, NoteDetected, MarkHealthy, NoteProgress, Fence, ClearFence, SetGeneration, ReportInvalid,
+               AbandonStart, NoteDetected, MarkHealthy, ProbeLeader, NoteProgress, Fence, ClearFence, SetGeneration, ReportInvalid,
                ReportGmsLost, SwapSlot, RevokeRegistration,
                ObserveTeardown, NoteLaunched, SetHolder, SetServing, CreateSlot, BeginPromotion, ExtendPromotion, TakeBridge, ReleaseBridge,
                NoteLockReplaced, PromotionActive, PromotionRegistered,

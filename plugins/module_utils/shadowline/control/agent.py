@@ -123,6 +123,7 @@ class Agent:
         self.node.on_slot_changes(news.slots)  # the hot path: a declared failure torn down from the event itself
         if self.execute.take_probe_results():
             self.schedule.next_check = 0.0  # a promotion's completion answered: verify at once
+        self.node.judge_probes(self.execute.take_leader_probes())  # the leaders' /health and progress, as they come
         if self.memory.starting:
             self.node.track_starts(now)
         if self.memory.terminating:

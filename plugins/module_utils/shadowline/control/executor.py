@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from ..deployment.plan import Plan
-from . import frontend
+from . import frontend, observe
 from .access import frontend_context
 from .actions import (
     AbandonStart,
@@ -43,6 +43,7 @@ from .actions import (
     NoteLockReplaced,
     NoteProgress,
     ObserveTeardown,
+    ProbeLeader,
     ProbePromotion,
     ProbeServing,
     PromotionActive,
@@ -70,6 +71,7 @@ from .etcd_client import Etcd, EtcdError
 from .events import EventLog
 from .lock import try_acquire
 from .memory import Canary, DriverMemory, LocalRank, NodeMemory, Start, Teardown
+from .observe import LeaderProbe
 from .proc import alive, kill_cgroup, systemctl, wait_cgroup_empty
 from .view import DeploymentView, Now
 
@@ -108,6 +110,7 @@ class Executor:
         self.schedule = schedule
         self.wake_fd = wake_fd
         self.probes: queue.Queue[ProbeResult] = queue.Queue()
+        self.leader_probes: queue.Queue[LeaderProbe] = queue.Queue()
         self.confirms: list[Confirm] = []  # written to etcd after the tick's kills and declarations
         self.view: DeploymentView | None = None  # the agent's latest view: a declaration's compare-and-swap starts there
 
@@ -115,7 +118,7 @@ class Executor:
         for action in actions:
             self.perform(action)
 
-    def perform(self, action: Action) -> None:  # noqa: C901, PLR0912 (one branch per kind of action, flat)
+    def perform(self, action: Action) -> None:  # noqa: C901, PLR0912, PLR0915 (one branch per kind of action, flat)
         if isinstance(action, Record):
             self.events.write(action.event, action.cohort, action.generation, **action.fields)
         elif isinstance(action, WakeAt):
@@ -155,6 +158,8 @@ class Executor:
             rank = self.node.ranks.get(action.cohort)
             if rank is not None:
                 rank.healthy_at = action.at
+        elif isinstance(action, ProbeLeader):
+            self.probe_leader(action)
         elif isinstance(action, NoteProgress):
             rank = self.node.ranks.get(action.cohort)
             if rank is not None:
@@ -488,6 +493,24 @@ class Executor:
             if silent:
                 return frontend.Request(0, now, time.time(), 0, False, silent)
         return frontend.probe(url, self.plan.model_id, timeout, context)
+
+    def probe_leader(self, action: ProbeLeader) -> None:
+        """A leader's /health (and progress metrics) read in a thread of its own: the loop never waits on an
+        engine, so a slow or hung leader delays no teardown, declaration or promotion; the answer wakes it."""
+        self.node.probing[action.cohort] = action.generation  # one out per rank: judge_probes clears it
+
+        def read() -> None:
+            self.leader_probes.put(observe.probe_leader(self.plan, action.cohort, action.generation, action.timeout,
+                                                        action.progress_timeout))
+            os.write(self.wake_fd, b"h")
+        threading.Thread(target=read, name=f"leader-probe-{action.cohort}", daemon=True).start()
+
+    def take_leader_probes(self) -> list[LeaderProbe]:
+        """The leader probes answered since the last tick."""
+        answers = []
+        while not self.leader_probes.empty():
+            answers.append(self.leader_probes.get_nowait())
+        return answers
 
     def take_probe_results(self) -> bool:
         """Hand the probes' answers to the driver's memory; True when a promotion probe answered."""

@@ -61,6 +61,7 @@ class NodeMemory:
     reported_invalid: set[tuple[str, int]] = field(default_factory=set)  # (key, revision) of records reported
     fence: dict[str, Any] | None = None  # this node's fence record, once a GPU fault took its GPU out of service
     fence_written: bool = False  # etcd has it: its absence from a later view is an operator's unfence
+    probing: dict[int, int] = field(default_factory=dict)  # cohort -> generation whose leader probe is out
 
 
 @dataclass

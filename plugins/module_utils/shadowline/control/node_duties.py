@@ -34,6 +34,7 @@ from .actions import (
     MarkHealthy,
     NoteDetected,
     NoteProgress,
+    ProbeLeader,
     Record,
     ReportGmsLost,
     ReportInvalid,
@@ -207,6 +208,19 @@ def progress_due(rank: LocalRank, hang: HangPolicy, now: Now) -> bool:
     return now.mono - rank.progress_at >= hang.progress_every_s
 
 
+def leader_probes_due(memory: NodeMemory, hang: HangPolicy, now: Now) -> list[Action]:
+    """A probe of each leader rank with none out: /health within what is left before it would count as hung, the
+    progress metrics too when they are due. Adopted ranks whose generation is not known yet (etcd not read since
+    the agent started) and headless ranks are not probed."""
+    actions: list[Action] = []
+    for rank in memory.ranks.values():
+        if not rank.generation or not rank.leader or rank.cohort in memory.probing:
+            continue
+        actions.append(ProbeLeader(rank.cohort, rank.generation, health_probe_timeout(rank, hang, now),
+                                   PROGRESS_TIMEOUT_S if progress_due(rank, hang, now) else None))
+    return actions
+
+
 def judge_rank(rank: LocalRank, sample: ProgressSample | None | bool, health: HealthAnswer | None, now: Now,
                hang: HangPolicy, etcd_lost_since: float | None) -> list[Action]:
     """A leader's signals, as real engines give them (docs/detection.md): hung (no 200 from /health for
@@ -350,19 +364,32 @@ class NodeDuties:
                 self.execute(launch_due(slot, self.memory, now))
 
     def check_health(self) -> None:
-        """Each leader rank's /health and, when due, its progress metrics (headless ranks have neither)."""
-        for rank in list(self.memory.ranks.values()):
-            if not rank.generation or not rank.leader:
-                continue  # adopted, its generation not known yet (etcd not read since the agent started)
+        """Ask each leader rank's /health and, when due, its progress metrics (headless ranks have neither), one
+        probe at a time per rank, each in a thread of its own (the executor's): the loop never waits on an
+        engine. The answers are judged when they come (judge_probes)."""
+        now = Now.read()
+        self.execute(leader_probes_due(self.memory, self.hang, now))
+
+    def judge_probes(self, probes: list[observe.LeaderProbe]) -> None:
+        """Judge the leaders whose probes answered, on what they read, at the time they are judged; an answer
+        about a generation that is gone (torn down meanwhile) is dropped. A probe that failed is raised after the
+        others are judged (the loop reports it as a tick error)."""
+        errors = []
+        for probe in probes:
+            if self.memory.probing.get(probe.cohort) == probe.generation:
+                del self.memory.probing[probe.cohort]
+            rank = self.memory.ranks.get(probe.cohort)
+            if rank is None or rank.generation != probe.generation:
+                continue
+            if probe.error:
+                errors.append(f"probing cohort {probe.cohort}'s leader: {probe.error}")
+                continue
             now = Now.read()
-            health = observe.leader_health(self.plan, rank.cohort, health_probe_timeout(rank, self.hang, now))
-            sample: ProgressSample | None | bool = False
-            if health.ok and progress_due(rank, self.hang, now):
-                sample = observe.leader_progress(self.plan, rank.cohort, PROGRESS_TIMEOUT_S)
-                if sample is False:
-                    self.execute([NoteProgress(rank.cohort, rank.progress, now.mono)])  # asked; try next period
-            now = Now.read()  # after the probes: they may have waited for their timeouts
-            self.execute(judge_rank(rank, sample, health, now, self.hang, self.memory.etcd_lost_since))
+            if probe.progress_read and probe.sample is False:
+                self.execute([NoteProgress(rank.cohort, rank.progress, now.mono)])  # asked, no answer: next period
+            self.execute(judge_rank(rank, probe.sample, probe.health, now, self.hang, self.memory.etcd_lost_since))
+        if errors:
+            raise RuntimeError("; ".join(errors))
 
     def on_gpu_faults(self, faults: list[GpuFault], view: DeploymentView | None, now: Now) -> None:
         active = view.active if view is not None else None

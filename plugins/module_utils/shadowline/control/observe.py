@@ -56,6 +56,31 @@ def track(plan: Plan, host: str, cohort: int, generation: int, *, engine_only: b
                      node=host, node_rank=plan.node(host).rank)
 
 
+@dataclass(frozen=True)
+class LeaderProbe:
+    """What one probe of a leader rank read: its /health and, when asked and it answered 200, its progress
+    metrics (``sample`` as leader_progress returns it; False when not read or not answered)."""
+    cohort: int
+    generation: int
+    health: HealthAnswer | None  # None: the probe itself failed (``error``)
+    sample: ProgressSample | None | bool
+    progress_read: bool  # the progress metrics were asked for (a False sample then means: no answer)
+    error: str = ""
+
+
+def probe_leader(plan: Plan, cohort: int, generation: int, timeout: float,
+                 progress_timeout: float | None) -> LeaderProbe:
+    """/health within ``timeout``, then, when ``progress_timeout`` is given and it answered 200, the progress
+    metrics within that."""
+    try:
+        health = leader_health(plan, cohort, timeout)
+        read = progress_timeout is not None and health.ok
+        sample = leader_progress(plan, cohort, progress_timeout) if read else False
+    except Exception as err:  # noqa: BLE001 (a probe that died unheard would leave the rank unjudged for good)
+        return LeaderProbe(cohort, generation, None, False, False, f"{type(err).__name__}: {err}")
+    return LeaderProbe(cohort, generation, health, sample, read)
+
+
 def leader_health(plan: Plan, cohort: int, timeout: float) -> HealthAnswer:
     answer = http_get(f"{plan.cohort(cohort).system_url}/health", timeout)
     return HealthAnswer(ok=answer is not None and answer[0] == 200, at=time.monotonic())
