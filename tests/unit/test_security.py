@@ -228,16 +228,13 @@ def test_nats_maps_each_hosts_certificate_to_a_user_with_dynamos_subjects_only(t
     certificates: a host's certificate is its user and may use Dynamo's subjects (its namespace, replies,
     JetStream); a subscription to everything, to the system account or to another namespace, and a publish outside
     them are refused as permission violations; the controller's certificate, of the same CA, is no NATS user."""
-    import socket
+    from tests.loopback import free_port, wait_until
 
     plan = plan_of(tmp_path)
     ensure_secrets(plan)
     pki = tmp_path / "secrets" / "pki"
     (config_path, text), = plan.infra.nats[0].files.items()
-    with socket.socket() as a, socket.socket() as b:
-        a.bind(("127.0.0.1", 0))
-        b.bind(("127.0.0.1", 0))
-        port, monitor = a.getsockname()[1], b.getsockname()[1]
+    port, monitor = free_port(), free_port()
     text = re.sub(r'listen: "[^"]+"', f'listen: "127.0.0.1:{port}"', text)
     text = re.sub(r'http: "[^"]+"', f'http: "127.0.0.1:{monitor}"', text)
     text = re.sub(r'store_dir: "[^"]+"', f'store_dir: "{tmp_path / "js"}"', text)
@@ -248,7 +245,7 @@ def test_nats_maps_each_hosts_certificate_to_a_user_with_dynamos_subjects_only(t
     server = subprocess.Popen(["nats-server", "-c", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True)
     try:
-        _wait_listening(port)
+        wait_until(lambda: _listening(port), 10, 0.05, f"nats-server on 127.0.0.1:{port}")
         ca, node1 = pki / "ca.crt", pki / "hosts" / "node1" / "client.crt"
         env = plan.cohort(0).ranks[1].process.env  # node1's engine: who it says it is
         dynamos = ("SUB namespace.dynamo.> 1\r\nSUB _INBOX.x.> 2\r\n"
@@ -272,18 +269,14 @@ def test_nats_maps_each_hosts_certificate_to_a_user_with_dynamos_subjects_only(t
     assert 'User "CN=node1.llama.shadowline,O=shadowline llama", Subject ">"' in log, log
 
 
-def _wait_listening(port: int, timeout_s: float = 10.0) -> None:
+def _listening(port: int) -> bool:
     import socket
-    import time
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def test_dynamo_namespace_follows_the_engines_endpoint():
