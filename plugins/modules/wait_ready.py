@@ -104,6 +104,7 @@ msg:
   type: str
 """
 
+import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
@@ -184,9 +185,28 @@ def unit_summary(module: AnsibleModule, unit: str) -> str:
     state = "/".join(part for part in out.split() if part) or "unknown"
     logs = ""
     if journalctl:
-        _rc, out, _err = module.run_command([journalctl, "-u", unit, "-n", "5", "--no-pager", "-o", "cat"])
-        logs = " | ".join(line.strip() for line in out.splitlines() if line.strip())
+        _rc, out, _err = module.run_command([journalctl, "-u", unit, "-n", "60", "--no-pager", "-o", "json"])
+        logs = " | ".join(own_lines(out, 5))
     return f"{state}" + (f"; last log lines: {logs}" if logs else "")
+
+
+def own_lines(journal_json: str, count: int) -> list[str]:
+    """The last ``count`` lines the unit's processes wrote, from ``journalctl -o json`` output: systemd's own lines
+    about the unit (exited, failed, started, consumed CPU) are left out, so that a relaunch by the agent or a stop
+    does not push the engine's error out of the message."""
+    lines = []
+    for entry_text in journal_json.splitlines():
+        try:
+            entry = json.loads(entry_text)
+        except ValueError:
+            continue
+        message = entry.get("MESSAGE")
+        if isinstance(message, list):  # journald's JSON gives a message that is not UTF-8 as its bytes
+            message = bytes(b & 0xFF for b in message if isinstance(b, int)).decode("utf-8", "replace")
+        if entry.get("_PID") == "1" or not isinstance(message, str) or not message.strip():
+            continue
+        lines.append(message.strip())
+    return lines[-count:]
 
 
 if __name__ == "__main__":
