@@ -24,14 +24,15 @@ def _dropin_dir(plan: Plan, cohort: int) -> str:
 
 
 def engine_files(plan: dict[str, Any], host: str, model_digest: str = "") -> dict[str, list[dict[str, str]]]:
-    """Every directory and file of the engines on a host, as shadowline.gms.install_files takes them: each
-    cohort's home and drop-in directory; the template unit; per cohort its command and environment (plan.conf)
+    """Every directory and file of the engines on a host, as shadowline.gms.install_files takes them: the mount
+    point of the model's view (Plan.model_view), each cohort's home and drop-in directory; the template unit; per cohort its command and environment (plan.conf)
     and, once the readiness gate passed, the digest of the model its ranks start on (model.conf)."""
     plan = Plan.from_dict(plan)
     root = {"owner": "root", "group": "root"}
     user = {"owner": plan.service_user, "group": plan.service_user}
-    directories, files = [], [{"path": f"{UNIT_DIR}/{plan.unit_name('engine')}",
-                               "content": units.engine_template(plan), "mode": "0644", **root}]
+    directories = [{"path": plan.model_view, "mode": "0755", **root}]  # where each unit mounts its revision
+    files = [{"path": f"{UNIT_DIR}/{plan.unit_name('engine')}", "content": units.engine_template(plan),
+              "mode": "0644", **root}]
     for cohort in plan.cohort_ids:
         dropin = _dropin_dir(plan, cohort)
         directories += [{"path": f"{plan.engines_dir}/{cohort}", "mode": "0750", **user},
@@ -63,20 +64,29 @@ def serving_cohort(plan: dict[str, Any], lock_content: str | None = None) -> int
     return -1
 
 
+ENV_MARK = "--environment--"  # playbooks/upgrade.yml prints the rank's GMS_SOCKET_DIR after it
+
+
 def stale_cohorts(plan: dict[str, Any], host: str, running: list[dict[str, Any]]) -> list[int]:
     """The cohorts whose rank on ``host`` does not run the plan's command: ``running`` is a looped command's
     results over the plan's cohorts, each with the rank's ``/proc/<pid>/cmdline`` as ``stdout_lines`` (the unit's
-    main process: in container mode ``podman run ... IMAGE`` followed by the plan's argv, so it ends with both)."""
+    main process: in container mode ``podman run ... IMAGE`` followed by the plan's argv, so it ends with both),
+    then ENV_MARK and the process's ``GMS_SOCKET_DIR=...``: the model revision's residency, since every revision's
+    engines name the same model path (Plan.model_view)."""
     typed = Plan.from_dict(plan)
     stale = []
     for result in running:
         cohort = int(result["item"]["cohort"])
-        running_argv = list(result.get("stdout_lines") or [])
-        argv = list(typed.cohort(cohort).rank_on(host).process.argv)
+        lines = list(result.get("stdout_lines") or [])
+        running_argv, _mark, running_env = (lines[:lines.index(ENV_MARK)], ENV_MARK, lines[lines.index(ENV_MARK) + 1:]) \
+            if ENV_MARK in lines else (lines, None, None)
+        process = typed.cohort(cohort).rank_on(host).process
+        argv = list(process.argv)
         if typed.container:
             argv = [typed.container.image, *argv]
             running_argv = running_argv[-len(argv):]
-        if running_argv != argv:
+        residency = f"GMS_SOCKET_DIR={process.env.get('GMS_SOCKET_DIR', '')}"
+        if running_argv != argv or (running_env is not None and residency not in running_env):
             stale.append(cohort)
     return stale
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan, unit_name
 
 DROPIN_SUFFIX = ".d"
 
@@ -54,6 +54,27 @@ def units_stop_order(plan: dict[str, Any], paths: list[str]) -> list[list[str]]:
     return [group for group in (engines, others) if group]
 
 
+def gms_units_unplanned(plan: dict[str, Any], paths: list[str]) -> list[dict[str, Any]]:
+    """The GMS server units installed here (unit files found) of another residency than the plan's: a model
+    revision no cohort runs any more, and the unit of a deployment from before residencies
+    (``shadowline-<deployment>-gms.service``). ``[{unit, path, socket_dir}]``: the unit, its file, and its
+    residency's socket directory (None for the older unit, whose sockets its server removes when it stops)."""
+    typed = Plan.from_dict(plan)
+    prefix = unit_name(typed.deployment, "gms")[: -len(".service")]  # shadowline-<deployment>-gms@
+    legacy = prefix.rstrip("@") + ".service"
+    found = []
+    for path in paths or []:
+        unit = os.path.basename(str(path))
+        if unit == legacy:
+            found.append({"unit": unit, "path": str(path), "socket_dir": None})
+        elif unit.startswith(prefix) and unit.endswith(".service") and unit != typed.unit_name("gms"):
+            residency = unit[len(prefix): -len(".service")]
+            if residency:  # never the template name
+                found.append({"unit": unit, "path": str(path), "socket_dir": f"{typed.socket_dir}/rev-{residency}"})
+    return sorted(found, key=lambda item: item["unit"])
+
+
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {"engine_units_unplanned": engine_units_unplanned, "units_stop_order": units_stop_order}
+        return {"engine_units_unplanned": engine_units_unplanned, "units_stop_order": units_stop_order,
+                "gms_units_unplanned": gms_units_unplanned}

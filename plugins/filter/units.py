@@ -32,6 +32,11 @@ def unit_name(plan: dict[str, Any], kind: str, cohort: int | None = None) -> str
     return Plan.from_dict(plan).unit_name(kind, None if cohort is None else int(cohort))
 
 
+def gms_dir(plan: dict[str, Any]) -> str:
+    """The GMS server's socket directory of the plan's residency (its model revision), below gms_socket_dir."""
+    return Plan.from_dict(plan).gms_dir
+
+
 def unit_text(plan: dict[str, Any], kind: str, host: str | None = None, cohort: int | None = None) -> str:
     """The unit file (or, for kind engine with a cohort, that cohort's drop-in) for a host."""
     plan = Plan.from_dict(plan)
@@ -73,5 +78,5 @@ def runtime_check_argv(plan: dict[str, Any], library: str) -> list[str]:
 
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {"unit_name": unit_name, "unit_text": unit_text, "agent_endpoint": agent_endpoint,
+        return {"unit_name": unit_name, "unit_text": unit_text, "gms_dir": gms_dir, "agent_endpoint": agent_endpoint,
                 "frontend_endpoint": frontend_endpoint, "runtime_check_argv": runtime_check_argv}

@@ -87,7 +87,10 @@ ansible_facts:
   type: dict
   contains:
     shadowline_node:
-      description: Listening ports, lock directory filesystem, GPUs, runtime Python and manifest size.
+      description: >-
+        Listening ports, lock directory filesystem, GPUs, runtime Python, manifest size, and the model the node's
+        engines run now (C(running_model), from the deployment's plan.json: revision, directory, tensor parallel
+        size, weight bytes; null before a first deployment).
       type: dict
       sample:
         listening: [{port: 22, address: 0.0.0.0, pid: 301, process: sshd, ours: false}]
@@ -95,6 +98,8 @@ ansible_facts:
         gpus: null
         python: {path: /opt/shadowline/demo/venv/bin/python, exists: true, modules: {}}
         manifest_weight_bytes: null
+        running_model: {revision: 5ad0f1e0c0ffee5ad0f1e0c0ffee5ad0f1e0c0ff, model_dir: /var/lib/shadowline/models/m/5ad0f1e0c0ffee5ad0f1e0c0ffee5ad0f1e0c0ff,
+                        tensor_parallel_size: 2, weight_bytes: 6291456}
         image: null
 """
 

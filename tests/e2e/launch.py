@@ -31,7 +31,7 @@ for _path in (str(REPO), str(LIB)):
 
 from shadowline.control.waits import poll
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import Plan, Process, build_plan, unit_name
+from shadowline.deployment.plan import Plan, Process, build_plan
 from testbed.pytest_fixtures import load_testbed  # launch.load_testbed: tests/e2e/test_drills.py uses it
 
 RUNTIME_PY = REPO / ".runtime" / "bin" / "python"
@@ -66,12 +66,12 @@ def standin_plan(hosts: Sequence[Any], deployment: str, model_dir: Path, *, coho
     hostvars = {h.name: {**shared, "gms_node_rank": i, "ansible_host": h.address} for i, h in enumerate(hosts)}
     contract, problems = parse_contract(hostvars, [h.name for h in hosts])
     assert contract is not None, "the test's inventory is refused:\n" + "\n".join(str(p) for p in problems)
-    return build_plan(contract)
+    return build_plan(contract, model_view=False)  # transient units without the roles' bind mount of the model
 
 
 def unit(plan: Plan, kind: str, cohort: int | None = None) -> str:
     """The unit name the roles give this process (``shadowline-<deployment>-<kind>[@<cohort>].service``)."""
-    return unit_name(plan.deployment, kind, cohort)
+    return plan.unit_name(kind, cohort)
 
 
 # -- running things inside a host ----------------------------------------------------------------------- #

@@ -331,21 +331,85 @@ def test_upgrade_changes_the_engines_arguments_under_load_without_a_failed_reque
     assert_whole()
 
 
+NEXT_REVISION = "6e0c0ffee6e0c0ffee6e0c0ffee6e0c0ffee6e0c"  # a made-up second revision of the tiny model
+
+
+def model_vars(revision: str) -> str:
+    """The testbed's gms_model with another revision (staged from the same source into its own directory)."""
+    return json.dumps({"gms_model": {"id": "shadowline/tiny-llama", "revision": revision,
+                                     "source": "file://{{ testbed_repo_root }}/.cache/models/tiny-llama"}})
+
+
 def test_an_upgrade_the_engine_refuses_rolls_back_with_the_old_primary_serving(deployment) -> None:
-    serving = lock_holder()
+    """A new model revision with arguments the engine refuses: staged, its GMS server started, the writer handed
+    over if it served, then its first shadow does not park. Everything rolls back on every node: the old commands,
+    the old plan, the new revision's GMS server retired; an application using the SDK saw no failure."""
     before = {(h, c): running_argv(h, c) for h in ("node0", "node1", "node2") for c in (0, 1)}
-    planned = d.plan().cohort(0).ranks[0].process.argv
-    with Load(d, rate=10.0, duration_s=170, client="openai") as load:
-        proc = playbook("upgrade.yml", "-e", engine_vars(["--max-model-len", "lots"]), "-e",
-                        "engine_ready_timeout_s=60", timeout=400)
+    old_plan = d.plan()
+    with Load(d, rate=10.0, duration_s=200, client="openai") as load:
+        proc = playbook("upgrade.yml", "-e", engine_vars(["--max-model-len", "lots"]), "-e", model_vars(NEXT_REVISION),
+                        "-e", "engine_ready_timeout_s=60", timeout=400)
     assert proc.returncode != 0 and "upgrade rolled back" in proc.stdout, tail(proc)
     assert "not a number of tokens" in proc.stdout, f"the rollback does not say what the engine refused: {tail(proc)}"
-    assert lock_holder() == serving, "the old primary stopped serving"
+    assert lock_holder() in {f"engine-{c}" for c in (0, 1)}, "nothing serves"
     for (host, cohort), argv in before.items():
         assert running_argv(host, cohort) == argv, f"{host} cohort {cohort} is not back on its old command"
     plan = d.plan()
-    assert plan.cohort(0).ranks[0].process.argv == planned, "the agents' plan is not the old one"
+    assert plan.cohort(0).ranks[0].process.argv == old_plan.cohort(0).ranks[0].process.argv, \
+        "the agents' plan is not the old one"
+    assert plan.revision == old_plan.revision
+    new_gms = f"{UNIT}-gms@{NEXT_REVISION[:12]}.service"
+    for host in ("node0", "node1", "node2"):
+        assert on(host, "systemctl", "show", "-p", "LoadState", "--value", new_gms).strip() == "not-found", \
+            f"{host}: the new revision's GMS server was not retired"
+        assert on(host, "systemctl", "show", "-p", "ActiveState", "--value", old_plan.unit_name("gms")).strip() == \
+            "active", f"{host}: the served revision's GMS server does not run"
     assert not [r for r in load.requests if not r.ok], load.summary()
+    assert_whole()
+
+
+def test_upgrade_switches_the_model_revision_under_load_without_a_failed_request(deployment) -> None:
+    """A new revision staged beside the served one, its own GMS server (residency) started, the writer cohort
+    relaunched first, the shadows, then the serving cohort by handover; the old GMS server retired on every node.
+    An application using the OpenAI SDK saw no failure."""
+    old_plan = d.plan()
+    old_gms = old_plan.unit_name("gms")
+    started = time.time()
+    with Load(d, rate=10.0, duration_s=240, client="openai") as load:
+        time.sleep(1)
+        proc = playbook("upgrade.yml", "-e", engine_vars(["--max-model-len", "2048"]), "-e", model_vars(NEXT_REVISION),
+                        timeout=500)
+        time.sleep(2)
+    assert proc.returncode == 0, tail(proc)
+    assert "every cohort on the new configuration" in proc.stdout
+    plan = d.plan()
+    assert plan.revision == NEXT_REVISION, "the agents' plan is not the new revision's"
+    for host in ("node0", "node1", "node2"):
+        for cohort in (0, 1):
+            argv = running_argv(host, cohort)
+            assert argv[argv.index("--model") + 1] == plan.model_view, (host, cohort, argv)  # one path, any revision
+            pid = main_pid(host, f"{UNIT}-engine@{cohort}.service")
+            env = on(host, "cat", f"/proc/{pid}/environ").split("\0")
+            assert f"GMS_SOCKET_DIR={plan.gms_dir}" in env, (host, cohort)
+            view = [line.split() for line in on(host, "cat", f"/proc/{pid}/mountinfo").splitlines()
+                    if line.split()[4] == plan.model_view]
+            assert view and view[-1][3].endswith(NEXT_REVISION), f"{host} cohort {cohort} sees {view} at the model's view"
+        assert " ".join(on(host, "systemctl", "show", "-p", "ActiveState", "--value", plan.unit_name("gms")).split()) \
+            == "active", f"{host}: the new revision's GMS server is not running"
+        assert on(host, "systemctl", "show", "-p", "LoadState", "--value", old_gms).strip() == "not-found", \
+            f"{host}: the old revision's GMS server was not retired"
+        assert on(host, "sh", "-c", f"ls -d {old_plan.gms_dir} 2>/dev/null; true").strip() == "", host
+        assert on(host, "sh", "-c", f"test -d {old_plan.model_dir} && echo kept").strip() == "kept", \
+            f"{host}: the old revision's files were removed (they stay for a roll back until the operator removes them)"
+    failed_sdk = [r for r in load.requests if not r.ok]
+    failed_raw = [r for r in load.requests if r.first_ok is False]
+    print(f"\n[figure] revision switch: {len(load.requests)} requests "
+          f"({sum(r.stream for r in load.requests)} streaming), failed_raw {len(failed_raw)}, "
+          f"failed_sdk {len(failed_sdk)}")
+    frontend = [line for line in on(LEADER, "journalctl", "-u", f"{UNIT}-frontend", "--since", f"@{int(started)}",
+                                    "--no-pager", "-o", "cat", timeout=60).splitlines()
+                if "model" in line.lower() and "http-request" not in line and "request_span" not in line]
+    assert load.requests and not failed_sdk, load.summary() + "\nthe frontend on models:\n" + "\n".join(frontend[-40:])
     assert_whole()
 
 

@@ -162,7 +162,7 @@ def test_site_converges_from_nothing(site: Site, request: pytest.FixtureRequest)
     assert all(r["changed"] > 0 for r in run.recap.values()), run.recap
     for host in HOSTS:
         units = unit_states(host, DEPLOYMENT)
-        expected = {"shadowline-demo-gms.service"} | {ENGINE.format(c) for c in range(COHORTS)}
+        expected = {Plan.from_dict(site.plan()).unit_name("gms")} | {ENGINE.format(c) for c in range(COHORTS)}
         if host == "node0":
             expected |= {f"shadowline-demo-{k}.service" for k in ("etcd", "nats", "frontend")}
         assert expected <= set(units), f"{host}: units {sorted(units)}"
@@ -205,7 +205,7 @@ def test_units_pass_systemd_analyze_verify(site: Site) -> None:
     engines = " ".join(ENGINE.format(c) for c in range(COHORTS))
     for host in HOSTS:
         files = host_sh(host, "cd /etc/systemd/system && ls -d shadowline-demo-*").split()
-        expected = {"shadowline-demo-gms.service", "shadowline-demo-engine@.service"}
+        expected = {Plan.from_dict(site.plan()).unit_name("gms"), "shadowline-demo-engine@.service"}
         expected |= {f"{ENGINE.format(c)}.d" for c in range(COHORTS)}
         assert expected <= set(files), f"{host}: unit files {files}"
         rc, output = host_rc(host, "cd /etc/systemd/system && systemd-analyze verify "

@@ -162,7 +162,7 @@ def start_infra(d: Deployment) -> None:
                     explain=lambda: launch.journal(nats.host, launch.unit(plan, "nats")))
     launch.start_unit(infra.frontend.host, launch.unit(plan, "frontend"), infra.frontend)
     for gms in plan.gms_servers:
-        launch.wait_for(f"the GMS server on {gms.host}", file_exists(gms.host, f"{plan.socket_dir}/gms_ready"),
+        launch.wait_for(f"the GMS server on {gms.host}", file_exists(gms.host, f"{plan.gms_dir}/gms_ready"),
                         INFRA_TIMEOUT_S, explain=lambda host=gms.host: launch.journal(host, launch.unit(plan, "gms")))
     launch.wait_for("the frontend", answers(infra.frontend_url + "/v1/models"), INFRA_TIMEOUT_S,
                     explain=lambda: launch.journal(infra.frontend.host, launch.unit(plan, "frontend")))

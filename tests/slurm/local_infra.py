@@ -48,7 +48,7 @@ def loopback_plan(model_id: str, model_dir: str, cohorts: int = 2, backend: str 
     }
     contract, problems = parse_contract({"local0": values}, ["local0"])
     assert contract is not None, problems
-    plan = build_plan(contract)
+    plan = build_plan(contract, model_view=False)  # processes outside the roles' units name the model itself
     if etcd:
         plan = dataclasses.replace(plan, infra=dataclasses.replace(plan.infra, etcd_endpoints=etcd))
     return plan

@@ -105,6 +105,20 @@ def test_gms_publish_import_and_server_death(procs, short_dir, model, runtime):
         with pytest.raises(gms_client.GMSError, match="tp_rank"):
             gms_client.import_layout(paths[0], {"model": "tiny", "tp_rank": 1}, 2, wait=0)
 
+        # A second writer (another revision) is refused while the reader is attached, as upstream's server does;
+        # the reader's layout stays committed. GPU 0's socket has no reader: a new writer replaces its layout.
+        other = weights.build_shard(str(model), 2, 1, GPUS[1], {**identity, "model_path": "/models/next"})
+        with pytest.raises(gms_client.GMSError, match="refuses a new writer while readers are attached"):
+            gms_client.publish(paths[1], other, 5)
+        os.close(other.fd)
+        assert gms_client.status(paths[1])["layout"]["model_path"] == str(model)
+        assert gms_client.status(paths[1])["readers"] == 1
+        again = weights.build_shard(str(model), 2, 0, GPUS[0], identity)
+        session, gen = gms_client.publish(paths[0], again, 5)
+        os.close(again.fd)
+        sessions.append(session)
+        assert gen == 2
+
         # GMS dies: the reader is told, and its mapping stays valid.
         server.popen.send_signal(signal.SIGKILL)
         server.popen.wait()

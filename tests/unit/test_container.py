@@ -86,8 +86,7 @@ def test_an_engine_runs_its_argv_unchanged_in_the_image_in_the_units_cgroup():
     for flag in ("--user shadowline:shadowline", "--cap-drop all", "--security-opt no-new-privileges", "--read-only",
                  "--ulimit host", "--device nvidia.com/gpu=all",
                  "--volume /var/lib/shadowline/models/meta-llama--Llama-3.3-70B-Instruct/"
-                 "0123456789abcdef0123456789abcdef01234567:/var/lib/shadowline/models/meta-llama--Llama-3.3-70B-"
-                 "Instruct/0123456789abcdef0123456789abcdef01234567:ro",
+                 "0123456789abcdef0123456789abcdef01234567:/var/lib/shadowline/llama/model:ro",  # its revision's view
                  "--volume /run/shadowline/llama/gms:/run/shadowline/llama/gms:rw",
                  "--volume /etc/shadowline/llama/secrets:/etc/shadowline/llama/secrets:ro",
                  "--env ENGINE_ID", "--env HOME", "--env ETCD_AUTH_PASSWORD"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from shadowline.deployment.contract import parse_contract
@@ -109,6 +111,33 @@ def test_memory_budget_counts_weights_once_and_overhead_per_engine():
     (msg,) = preflight(facts(gpus=gpus), gms_memory={"weights_gib": 150, "kv_reserve_gib": 8},
                        gms_engine={"tensor_parallel_size": 2, "gpus_per_node": 8})
     assert "each GPU needs 85.0 GiB" in msg and "has 80.0 GiB" in msg
+
+
+def test_a_new_model_revision_is_budgeted_beside_the_served_one():
+    """A revision switch keeps the served revision's weights resident until every cohort runs the new one."""
+    gpus = [{"uuid": f"GPU-{i}", "memory_mib": 81920.0} for i in range(8)]
+    engine = {"tensor_parallel_size": 2, "gpus_per_node": 8}
+    hv, _hosts = hostvars(1)
+    served = {"revision": "f" * 40, "model_dir": "/m/old", "tensor_parallel_size": 2, "weight_bytes": 100 * 1024 ** 3}
+    new = 100 * 1024 ** 3
+    # alone, the new revision fits (50 + 4 GiB); beside the served one it does not (50 + 50 + 4 GiB)
+    assert preflight(facts(gpus=gpus, manifest_weight_bytes=new), gms_cohorts=4, gms_engine=engine) == []
+    (msg,) = preflight(facts(gpus=gpus, manifest_weight_bytes=new, running_model=served), gms_cohorts=4,
+                       gms_engine=engine)
+    assert msg.startswith(f"gms_model.revision: switching the served revision {'f' * 40} to "
+                          f"{hv['node0']['gms_model']['revision']} keeps both in GPU memory"), msg
+    assert "each GPU needs 104.0 GiB (the served revision's weights 100.0 GiB / TP 2 + the new revision's" in msg
+    assert "has 80.0 GiB" in msg and "playbooks/teardown.yml" in msg
+    # not staged yet: the new revision is assumed the served one's size
+    (msg,) = preflight(facts(gpus=gpus, running_model=served), gms_cohorts=4, gms_engine=engine)
+    assert "each GPU needs 104.0 GiB" in msg
+    # a smaller model fits twice; the same revision (a deployment changing other things) is budgeted once
+    small = {**served, "weight_bytes": 20 * 1024 ** 3}
+    assert preflight(facts(gpus=gpus, manifest_weight_bytes=20 * 1024 ** 3, running_model=small), gms_cohorts=4,
+                     gms_engine=engine) == []
+    same = {**served, "revision": hv["node0"]["gms_model"]["revision"]}
+    assert preflight(facts(gpus=gpus, manifest_weight_bytes=new, running_model=same), gms_cohorts=4,
+                     gms_engine=engine) == []
 
 
 def test_port_in_use_by_someone_else_but_not_by_us():
@@ -266,3 +295,22 @@ def test_wheel_file_names_give_their_project():
     assert project_name("gpu_memory_service-0.1.0-py3-none-any.whl") == "gpu-memory-service"
     assert project_name("ai_dynamo_runtime-1.6.1-cp310-abi3-manylinux_2_28_x86_64.whl") == "ai-dynamo-runtime"
     assert project_name("Torch-2.13.0-cp311-cp311-linux_x86_64.whl") == "torch"
+
+
+def test_the_running_model_is_read_from_the_plan_the_agents_follow(tmp_path):
+    """node_facts.running_model: the revision, directory, TP size and weight bytes of the plan.json on a node."""
+    from shadowline.deployment.node_facts import MANIFEST_NAME, running_model
+    from shadowline.deployment.plan import build_plan
+
+    assert running_model(str(tmp_path)) is None  # before a first deployment
+    hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 2})
+    plan = build_plan(parse_contract(hv, hosts)[0])
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / MANIFEST_NAME).write_text(json.dumps({"weight_bytes": 6291456}))
+    data = {**plan.to_dict(), "model_dir": str(model_dir)}
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    assert running_model(str(tmp_path)) == {"revision": plan.revision, "model_dir": str(model_dir),
+                                            "tensor_parallel_size": 2, "weight_bytes": 6291456}
+    (tmp_path / "plan.json").write_text("{not json")
+    assert running_model(str(tmp_path)) is None

@@ -99,8 +99,11 @@ def test_engine_files_and_the_cohorts_they_change(filters: dict) -> None:
     dropin = "/etc/systemd/system/shadowline-llama-engine@{}.service.d"
     assert [f["path"] for f in files["files"]] == [template] + [
         f"{dropin.format(c)}/{name}" for c in range(3) for name in ("plan.conf", "model.conf")]
-    assert [d["path"] for d in files["directories"]] == [
+    assert [d["path"] for d in files["directories"]] == ["/var/lib/shadowline/llama/model"] + [
         p for c in range(3) for p in (f"/var/lib/shadowline/llama/engines/{c}", dropin.format(c))]
+    revision = build_plan(contract).model_dir
+    assert (f"BindReadOnlyPaths={revision}:/var/lib/shadowline/llama/model" in files["files"][1]["content"]
+            and " --model /var/lib/shadowline/llama/model " in files["files"][1]["content"]), "the model's one view"
     assert "--node-rank 1" in files["files"][1]["content"] and "SHADOWLINE_MODEL_DIGEST" in files["files"][2]["content"]
     assert len(filters["engine_files"](plan, "node1", "")["files"]) == 4  # no model.conf before the gate passed
 
@@ -122,6 +125,13 @@ def test_the_serving_cohort_and_the_cohorts_not_on_the_plans_command(filters: di
                {"item": {"cohort": 1}, "stdout_lines": argv[1][:-1]},  # an older command
                {"item": {"cohort": 2}, "stdout_lines": []}]  # not running
     assert filters["stale_cohorts"](plan, "node1", running) == [1, 2]
+    # the same command on another model revision: every revision's engines name one model path, so the rank's
+    # GMS_SOCKET_DIR (its revision's residency) tells them apart
+    residency = next(r for r in plan["cohorts"][0]["ranks"] if r["host"] == "node1")["process"]["env"]["GMS_SOCKET_DIR"]
+    now = [*argv[0], "--environment--", f"GMS_SOCKET_DIR={residency}"]
+    old = [*argv[0], "--environment--", "GMS_SOCKET_DIR=/run/shadowline/llama/gms/rev-ffffffffffff"]
+    assert filters["stale_cohorts"](plan, "node1", [{"item": {"cohort": 0}, "stdout_lines": now}]) == []
+    assert filters["stale_cohorts"](plan, "node1", [{"item": {"cohort": 0}, "stdout_lines": old}]) == [0]
 
     # container mode: the unit's main process is `podman run ... IMAGE argv`; a rank runs the plan when it ends with
     # the image and the plan's argv
@@ -137,3 +147,23 @@ def test_the_serving_cohort_and_the_cohorts_not_on_the_plans_command(filters: di
                {"item": {"cohort": 1}, "stdout_lines": [*podman, "other/image:1", *argv[1]]}]  # the old image
     assert filters["stale_cohorts"](plan, "node1", running) == [1]
     assert filters["stale_cohorts"](plan, "node1", [{"item": {"cohort": 0}, "stdout_lines": argv[0]}]) == [0]
+
+
+def test_the_gms_servers_of_other_revisions_are_the_ones_to_retire() -> None:
+    """gms_units_unplanned: the GMS units found of another residency than the plan's, and the unit of a deployment
+    from before residencies; never the plan's own, another deployment's or the template's name."""
+    sys.path.insert(0, str(REPO / "collections"))
+    try:
+        installed = pytest.importorskip("ansible_collections.shadowline.gms.plugins.filter.installed_units")
+    finally:
+        sys.path.remove(str(REPO / "collections"))
+    hv, hosts = hostvars(2)
+    plan = build_plan(parse_contract(hv, hosts)[0])
+    unit_dir = "/etc/systemd/system"
+    found = [f"{unit_dir}/{plan.unit_name('gms')}", f"{unit_dir}/shadowline-llama-gms@ffffffffffff.service",
+             f"{unit_dir}/shadowline-llama-gms.service", f"{unit_dir}/shadowline-llama-gms@.service",
+             f"{unit_dir}/shadowline-other-gms@ffffffffffff.service"]
+    assert installed.gms_units_unplanned(plan.to_dict(), found) == [
+        {"unit": "shadowline-llama-gms.service", "path": f"{unit_dir}/shadowline-llama-gms.service", "socket_dir": None},
+        {"unit": "shadowline-llama-gms@ffffffffffff.service", "path": f"{unit_dir}/shadowline-llama-gms@ffffffffffff.service",
+         "socket_dir": f"{plan.socket_dir}/rev-ffffffffffff"}]

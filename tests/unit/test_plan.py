@@ -6,7 +6,7 @@ import pytest
 
 from shadowline.backends.standin import gpu_uuids
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import Plan, build_plan
+from shadowline.deployment.plan import Plan, build_plan, residency_of
 from shadowline.deployment.ports import port_problems
 
 from .helpers import hostvars
@@ -63,7 +63,7 @@ def test_real_backend_command_matches_contract():
     env = plan.cohort(0).ranks[0].process.env
     assert env["DYN_VLLM_GMS_SHADOW_MODE"] == "true"
     assert env["FAILOVER_LOCK_PATH"] == "/run/shadowline/llama/gms/failover.lock"
-    assert env["GMS_SOCKET_DIR"] == "/run/shadowline/llama/gms"
+    assert env["GMS_SOCKET_DIR"] == "/run/shadowline/llama/gms/rev-0123456789ab"  # the revision's residency
     assert env["ETCD_ENDPOINTS"] == "http://198.18.0.10:2379"
     assert env["NATS_SERVER"] == "tls://198.18.0.10:4222"  # TLS with the deployment's certificates
     assert env["NATS_TLS_CLIENT_KEY_PATH"] == "/etc/shadowline/llama/secrets/client.key"
@@ -174,6 +174,25 @@ def test_the_dict_form_round_trips_to_the_same_typed_plan():
     assert plan.python == "/usr/bin/python3" and plan.leader_node.rank == 0
     assert plan.cohort(1).leader.host == plan.leader_node.host and plan.cohort(1).holder == "engine-1"
     assert plan.unit_name("engine", 1) == f"shadowline-{plan.deployment}-engine@1.service"
+
+
+def test_each_model_revision_has_a_gms_residency_of_its_own():
+    """A GMS server unit and socket directory per revision (its first 12 characters); the lock is shared."""
+    hv, hosts = hostvars(2)
+    plan = build_plan(parse_contract(hv, hosts)[0])
+    rev = plan.revision
+    assert plan.unit_name("gms") == f"shadowline-{plan.deployment}-gms@{rev[:12]}.service"
+    assert plan.gms_dir == f"{plan.socket_dir}/rev-{rev[:12]}"
+    assert {p.env["GMS_SOCKET_DIR"] for p in plan.gms_servers} == {plan.gms_dir}
+    assert {r.process.env["GMS_SOCKET_DIR"] for c in plan.cohorts for r in c.ranks} == {plan.gms_dir}
+    shared = {k: v for k, v in hv[hosts[0]].items() if k.startswith("gms_")}
+    model = {**shared["gms_model"], "revision": "f" * 40}
+    model.pop("local_dir", None)
+    hv2 = {h: {**v, "gms_model": model} for h, v in hv.items()}
+    other = build_plan(parse_contract(hv2, hosts)[0])
+    assert other.unit_name("gms") == f"shadowline-{plan.deployment}-gms@ffffffffffff.service"
+    assert other.gms_dir != plan.gms_dir and other.lock_path == plan.lock_path
+    assert residency_of("refs/pr/7 x") == "refs_pr_7_x" and residency_of("") == "unpinned"
 
 
 def test_relaunch_policy_backs_off_and_gives_up():

@@ -105,17 +105,18 @@ def run_prefix(container: Container) -> list[str]:
 
 
 def podman_run(container: Container, unit: str, argv: tuple[str, ...] | list[str], env_names: list[str],
-               mounts: list[tuple[str, bool]], user: str) -> list[str]:
+               mounts: list[tuple[str, bool] | tuple[str, bool, str]], user: str) -> list[str]:
     """The ``podman run`` command of one unit: the process's argv in the image, each environment variable passed
-    by name (its value stays in the unit's Environment= lines), ``mounts`` as (path, writable) at the same path."""
+    by name (its value stays in the unit's Environment= lines), ``mounts`` as (path, writable) at the same path
+    or (path, writable, target) at another."""
     command = run_prefix(container)
     command += ["--replace", "--name", container_name(unit),
                 "--cgroups", "split", "--network", "host", "--ipc", "host", "--pid", "host",
                 "--log-driver", "passthrough", "--user", f"{user}:{user}", "--cap-drop", "all",
                 "--security-opt", "no-new-privileges", "--read-only", "--ulimit", "host",
                 "--volume", "/etc/passwd:/etc/passwd:ro", "--volume", "/etc/group:/etc/group:ro"]
-    for path, writable in sorted(set(mounts)):
-        command += ["--volume", f"{path}:{path}:{'rw' if writable else 'ro'}"]
+    for path, writable, *target in sorted(set(mounts)):
+        command += ["--volume", f"{path}:{target[0] if target else path}:{'rw' if writable else 'ro'}"]
     for name in sorted(set(env_names)):
         command += ["--env", name]
     return command + [container.image, *argv]

@@ -16,13 +16,15 @@ from typing import Any
 from ..backends import BACKENDS
 from ..backends import backend as backend_strategy
 from ..control.proc import mounts, pids, process_cgroup, process_environ, process_name, socket_inodes, tcp_listeners
+from ..model.policy import MANIFEST_NAME
 from .container import BACKEND_IMAGES, RUNTIME_MODE
+from .contract import CONFIG_DIR
+from .plan import Plan
 
 NETWORK_FILESYSTEMS = {
     "nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "smbfs", "afs", "9p", "ceph", "glusterfs",
     "fuse.glusterfs", "fuse.sshfs", "fuse.gcsfuse", "fuse.s3fs", "fuse.beegfs", "pvfs2", "orangefs",
 }
-MANIFEST_NAME = "shadowline-manifest.json"
 
 
 def gather(deployment: str | None, lock_path: str | None, python: str | None, backend: str | None,  # noqa: PLR0913 (one per fact)
@@ -38,8 +40,23 @@ def gather(deployment: str | None, lock_path: str | None, python: str | None, ba
         "gpus": nvidia_gpus(),
         "python": python_facts(python, backend) if python else None,
         "manifest_weight_bytes": manifest_weight_bytes(model_dir) if model_dir else None,
+        "running_model": running_model(CONFIG_DIR.format(deployment=deployment)) if deployment else None,
         "platform": platform_facts(),
     }
+
+
+def running_model(config_dir: str) -> dict[str, Any] | None:
+    """The model the node's engines run now, from the plan the agent role wrote (``<config_dir>/plan.json``): its
+    revision, directory, tensor parallel size and weight bytes (its manifest). None before a first deployment.
+    Preflight budgets GPU memory for both residencies when the inventory names another revision."""
+    try:
+        plan = Plan.load(os.path.join(config_dir, "plan.json"))
+        argv = list(plan.cohort(0).ranks[0].process.argv)
+        tp = int(argv[argv.index("--tensor-parallel-size") + 1])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    return {"revision": plan.revision, "model_dir": plan.model_dir, "tensor_parallel_size": tp,
+            "weight_bytes": manifest_weight_bytes(plan.model_dir)}
 
 
 def platform_facts(os_release: str = "/etc/os-release") -> dict[str, Any]:

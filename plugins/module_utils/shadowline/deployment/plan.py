@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -265,9 +266,30 @@ class Plan:
     def lock_dir(self) -> str:
         return self.lock_path.rsplit("/", 1)[0] or "/"
 
+    @property
+    def model_view(self) -> str:
+        """Where every engine unit sees the model directory of its revision (a read-only bind mount of model_dir,
+        deployment/units.py): one path for every revision. Dynamo's model card names its files by path, and
+        Dynamo 1.6.1's frontend drops a model and adds it again when the card of its workers changes (404s for
+        30-40 ms, measured): with one path, a new revision with the same configuration and tokenizer keeps the
+        card, and a revision switch keeps the model served. A Slurm job's engines name model_dir itself."""
+        return model_view_dir(self.state_dir)
+
+    @property
+    def residency(self) -> str:
+        """The GMS residency of this plan's weights: its model revision's label (``residency_of``)."""
+        return residency_of(self.revision)
+
+    @property
+    def gms_dir(self) -> str:
+        """The GMS server's socket directory (``GMS_SOCKET_DIR`` of the server and every engine): one per residency
+        below ``socket_dir``, so that a new model revision gets a GMS server of its own beside the one serving."""
+        return gms_dir(self.socket_dir, self.revision)
+
     def unit_name(self, kind: str, cohort: int | None = None) -> str:
-        """shadowline-<deployment>-<kind>.service, or the engine instance (cohort given) / template name."""
-        return unit_name(self.deployment, kind, cohort)
+        """shadowline-<deployment>-<kind>.service, the engine instance (cohort given) / template name, or the GMS
+        server of this plan's residency."""
+        return unit_name(self.deployment, kind, self.residency if kind == "gms" else cohort)
 
     def agent_lock_path(self, host: str) -> str:
         return f"{self.state_dir}/agent-{host}.lock"
@@ -282,12 +304,34 @@ def nats_store_dir(state_dir: str) -> str:
     return f"{state_dir}/nats"
 
 
-def unit_name(deployment: str, kind: str, cohort: int | None = None) -> str:
-    """The one rule for unit names: shadowline-<deployment>-<kind>.service; engines are a template unit."""
+def unit_name(deployment: str, kind: str, instance: int | str | None = None) -> str:
+    """The one rule for unit names: shadowline-<deployment>-<kind>.service; engines are one instance per cohort of
+    a template unit, GMS servers one unit per residency (``shadowline-<deployment>-gms@<residency>.service``)."""
     base = f"shadowline-{deployment}-{kind}"
-    if kind == "engine":
-        return f"{base}@{cohort}.service" if cohort is not None else f"{base}@.service"
+    if kind in INSTANCED_UNITS:
+        return f"{base}@{instance}.service" if instance is not None else f"{base}@.service"
     return f"{base}.service"
+
+
+INSTANCED_UNITS = ("engine", "gms")
+_RESIDENCY_RE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def model_view_dir(state_dir: str) -> str:
+    """The engines' view of their revision's model directory (Plan.model_view)."""
+    return f"{state_dir}/model"
+
+
+def residency_of(revision: str) -> str:
+    """The GMS residency of a model revision: its first 12 characters (a commit's short id), characters a systemd
+    instance name or a directory would have to escape replaced by ``_``."""
+    return _RESIDENCY_RE.sub("_", revision)[:12] or "unpinned"
+
+
+def gms_dir(socket_dir: str, revision: str) -> str:
+    """A residency's GMS socket directory below the deployment's socket directory (the failover lock stays in
+    the latter: every cohort of every revision contends for one lock)."""
+    return f"{socket_dir.rstrip('/')}/rev-{residency_of(revision)}"
 
 
 def on_host(processes: tuple[Process, ...], host: str) -> Process:
@@ -360,17 +404,20 @@ def runtime_python(contract: Contract) -> str:
     return contract.container.python if contract.container else contract.python
 
 
-def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str | None = None) -> Plan:
+def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str | None = None,
+               model_view: bool = True) -> Plan:
     """The plan of a contract. ``state_dir``/``config_dir`` default to the hosts' (/var/lib/shadowline/<dep>,
-    /etc/shadowline/<dep>); a Slurm job passes node-local directories of its own."""
+    /etc/shadowline/<dep>); a Slurm job passes node-local directories of its own, and ``model_view`` False: its
+    engines are no systemd units, so they name the model's directory itself (see Plan.model_view)."""
     dirs = _Dirs(state=state_dir or STATE_DIR.format(deployment=contract.deployment),
                  config=config_dir or CONFIG_DIR.format(deployment=contract.deployment))
+    model_path = model_view_dir(dirs.state) if model_view else contract.model.local_dir
     security = Security(insecure=contract.insecure, dir=f"{dirs.config}/secrets", controller_dir=contract.secrets_dir,
                         firewall_allow=contract.firewall_allow, frontend_allow=contract.frontend_allow,
                         frontend_tls=contract.frontend_tls)  # Security.frontend_https: never when insecure
     infra = _infra_plan(contract, dirs, security)
     gms_servers = tuple(_gms_server(contract, node) for node in contract.nodes)
-    cohorts = tuple(_cohort_plan(contract, infra, security, cohort) for cohort in range(contract.cohorts))
+    cohorts = tuple(_cohort_plan(contract, infra, security, cohort, model_path) for cohort in range(contract.cohorts))
     return Plan(
         deployment=contract.deployment, backend=contract.engine.backend,
         state_dir=dirs.state, config_dir=dirs.config, service_user=contract.service_user,
@@ -564,7 +611,8 @@ def request_plane_tls(security: Security) -> dict[str, str]:
 
 def _gms_server(contract: Contract, node: Node) -> Process:
     argv = (runtime_python(contract), "-m", backend(contract.engine.backend).gms_module)
-    env = {"GMS_SOCKET_DIR": contract.socket_dir, "SHADOWLINE_DEPLOYMENT": contract.deployment}
+    env = {"GMS_SOCKET_DIR": gms_dir(contract.socket_dir, contract.model.revision),
+           "SHADOWLINE_DEPLOYMENT": contract.deployment}
     env.update(_backend_env(contract, node))
     return Process(host=node.host, argv=argv, env=env)
 
@@ -573,19 +621,20 @@ def _backend_env(contract: Contract, node: Node) -> dict[str, str]:
     return backend(contract.engine.backend).node_env(contract.deployment, node.host, contract.engine.gpus_per_node)
 
 
-def _cohort_plan(contract: Contract, infra: InfraPlan, security: Security, cohort: int) -> CohortPlan:
+def _cohort_plan(contract: Contract, infra: InfraPlan, security: Security, cohort: int,
+                 model_path: str) -> CohortPlan:
     ports = cohort_ports(contract.ports, cohort)
-    ranks = tuple(_rank_plan(contract, infra, security, cohort, ports, node) for node in contract.nodes)
+    ranks = tuple(_rank_plan(contract, infra, security, cohort, ports, node, model_path) for node in contract.nodes)
     return CohortPlan(cohort=cohort, engine_id=cohort, role="primary" if cohort == 0 else "shadow",
                       ports=ports, ranks=ranks)
 
 
-def _rank_plan(contract: Contract, infra: InfraPlan, security: Security, cohort: int, ports: CohortPorts,
-               node: Node) -> RankPlan:
+def _rank_plan(contract: Contract, infra: InfraPlan, security: Security, cohort: int, ports: CohortPorts,  # noqa: PLR0913 (one rank's inputs)
+               node: Node, model_path: str) -> RankPlan:
     engine = contract.engine
     headless = node.rank != 0
     argv = [runtime_python(contract), "-m", backend(engine.backend).engine_module,
-            "--model", contract.model.local_dir, "--served-model-name", contract.model.id,
+            "--model", model_path, "--served-model-name", contract.model.id,
             "--load-format", "gms", "--enforce-eager", "--enable-sleep-mode",
             "--tensor-parallel-size", str(engine.tensor_parallel_size)]
     if engine.nnodes > 1:
@@ -600,7 +649,7 @@ def _rank_plan(contract: Contract, infra: InfraPlan, security: Security, cohort:
         "ENGINE_ID": str(cohort),
         "DYN_VLLM_GMS_SHADOW_MODE": "true",
         "FAILOVER_LOCK_PATH": contract.lock_path,
-        "GMS_SOCKET_DIR": contract.socket_dir,
+        "GMS_SOCKET_DIR": gms_dir(contract.socket_dir, contract.model.revision),
         **_discovery_env(infra.etcd_endpoints, infra.nats_server, security, contract.deployment, node.host,
                          seed=cohort),
         "ETCD_LEASE_TTL": str(engine.lease_ttl_s),

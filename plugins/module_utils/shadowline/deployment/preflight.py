@@ -13,7 +13,7 @@ from typing import Any
 from ..backends import backend
 from .contract import Contract, parse_contract
 from .node_facts import NETWORK_FILESYSTEMS
-from .plan import Plan, build_plan
+from .plan import Plan, build_plan, residency_of
 from .platforms import platform_problems
 from .ports import port_problems, port_uses
 from .problems import Problem
@@ -208,14 +208,17 @@ def _wheelhouse_problems(needed: tuple[str, ...], host: str, wheelhouse: dict[st
 
 
 def _memory_problems(contract: Contract, facts: dict[str, dict[str, Any] | None]) -> list[Problem]:
-    """Weights / TP + KV reserve + per-engine overhead for every cohort must fit one GPU's memory.
+    """Weights / TP + KV reserve + per-engine overhead for every cohort must fit one GPU's memory; while the
+    inventory names another model revision than the nodes run, the served revision's weights too.
 
     Shadows add no weight memory (they map the weights GMS already holds); each engine process still
-    costs its CUDA context and scratch space, counted by engine_overhead_gib.
+    costs its CUDA context and scratch space, counted by engine_overhead_gib. A new revision needs a GMS
+    residency of its own beside the served one until every cohort runs it (the GMS server refuses a new writer
+    while readers are attached): the served weights stay resident until playbooks/upgrade.yml (or site.yml)
+    retires them.
     """
     memory = contract.memory
-    gpu_gib = memory.gpu_memory_gib
-    weights_gib = memory.weights_gib
+    gpu_gib, weights_gib, running = memory.gpu_memory_gib, memory.weights_gib, None
     for node in contract.nodes:
         node_facts = facts.get(node.host) or {}
         gpus = node_facts.get("gpus") or []
@@ -224,13 +227,35 @@ def _memory_problems(contract: Contract, facts: dict[str, dict[str, Any] | None]
             gpu_gib = min(sizes)
         if weights_gib is None and node_facts.get("manifest_weight_bytes"):
             weights_gib = node_facts["manifest_weight_bytes"] / GIB
+        running = running or node_facts.get("running_model")
+    switching = bool(running) and residency_of(running["revision"]) != residency_of(contract.model.revision)
+    if weights_gib is None and switching and running.get("weight_bytes"):
+        weights_gib = running["weight_bytes"] / GIB  # not staged yet: a new revision of the same size assumed
     if gpu_gib is None or weights_gib is None:
         return []
     tp = contract.engine.tensor_parallel_size
     need = weights_gib / tp + memory.kv_reserve_gib + memory.engine_overhead_gib * contract.cohorts
-    if need <= gpu_gib:
+    parts = (f"weights {_gib(weights_gib)} GiB / TP {tp} + KV reserve {memory.kv_reserve_gib:g} GiB + "
+             f"{contract.cohorts} engines x {memory.engine_overhead_gib:g} GiB overhead")
+    if need > gpu_gib:
+        return [Problem("gms_memory", f"each GPU needs {_gib(need)} GiB ({parts}) but has {_gib(gpu_gib)} GiB.",
+                        "raise gms_engine.tensor_parallel_size, lower gms_memory.kv_reserve_gib or gms_cohorts.")]
+    if not switching:
         return []
-    return [Problem("gms_memory", f"each GPU needs {need:.1f} GiB (weights {weights_gib:.1f} GiB / TP {tp} + KV reserve "
-                    f"{memory.kv_reserve_gib:g} GiB + {contract.cohorts} engines x {memory.engine_overhead_gib:g} GiB "
-                    f"overhead) but has {gpu_gib:.1f} GiB.",
-                    "raise gms_engine.tensor_parallel_size, lower gms_memory.kv_reserve_gib or gms_cohorts.")]
+    served_gib = running["weight_bytes"] / GIB if running.get("weight_bytes") else weights_gib
+    served_tp = running.get("tensor_parallel_size") or tp
+    both = need + served_gib / served_tp
+    if both <= gpu_gib:
+        return []
+    return [Problem("gms_model.revision",
+                    f"switching the served revision {running['revision']} to {contract.model.revision} keeps both in "
+                    f"GPU memory until every cohort runs the new one: each GPU needs {_gib(both)} GiB (the served "
+                    f"revision's weights {_gib(served_gib)} GiB / TP {served_tp} + the new revision's {parts}) but "
+                    f"has {_gib(gpu_gib)} GiB.",
+                    "free GPU memory for the switch (lower gms_memory.kv_reserve_gib or gms_cohorts), or switch "
+                    "with a gap: playbooks/teardown.yml, then playbooks/site.yml with the new revision.")]
+
+
+def _gib(value: float) -> str:
+    """GiB for a message: one decimal, or 3 significant digits below 1 GiB (a test model's weights are not 0.0)."""
+    return f"{value:.1f}" if value >= 1 else f"{value:.3g}"

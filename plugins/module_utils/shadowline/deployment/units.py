@@ -9,6 +9,7 @@ Functions take the typed plan; Ansible filters turn the `gms_plan` fact into one
 
 from __future__ import annotations
 
+from ..model.policy import MANIFEST_NAME
 from .container import podman_run, stop_post
 from .plan import Plan, Process, on_host
 
@@ -119,10 +120,10 @@ def service_unit(description: str, process: Process, read_write: list[str], *, u
     return "\n".join(unit).replace("After=network-online.target \n", "After=network-online.target\n")
 
 
-def container_process(plan: Plan, unit: str, process: Process, mounts: list[tuple[str, bool]],
-                      extra_env: tuple[str, ...] = ()) -> Process:
+def container_process(plan: Plan, unit: str, process: Process,
+                      mounts: list[tuple[str, bool] | tuple[str, bool, str]], extra_env: tuple[str, ...] = ()) -> Process:
     """``process`` run in the deployment's image (python_env_mode container): the same argv and environment, the
-    ``mounts`` (path, writable) and the deployment's secrets (read-only) at the same paths."""
+    ``mounts`` (path, writable[, target]) and the deployment's secrets (read-only) at the same paths."""
     if plan.container is None:
         raise ValueError("the plan has no container (python_env_mode is not container)")
     secrets = [(plan.security.dir, False)] if plan.security and not plan.security.insecure else []
@@ -141,14 +142,16 @@ CREDENTIAL_NAMES = ("ETCD_AUTH_USERNAME", "ETCD_AUTH_PASSWORD")  # from dynamo_c
 
 
 def gms_unit(plan: Plan, host: str) -> str:
-    description = f"shadowline {plan.deployment}: GPU Memory Service server"
+    description = f"shadowline {plan.deployment}: GPU Memory Service server (residency {plan.residency})"
     process = plan.gms_server_on(host)
+    residency = (f"ExecStartPre=/bin/mkdir -p {plan.gms_dir}",)  # its residency's socket directory
     if plan.container:
         unit = plan.unit_name("gms")
         return service_unit(description, container_process(plan, unit, process, [(plan.socket_dir, True)]), [],
-                            user=None, after=[], restart="on-failure", extra=container_unit_lines(unit), sandbox=None)
+                            user=None, after=[], restart="on-failure", extra=residency + container_unit_lines(unit),
+                            sandbox=None)
     return service_unit(description, process, [plan.socket_dir], user=plan.service_user, after=[],
-                        restart="on-failure")
+                        restart="on-failure", extra=residency)
 
 
 def etcd_unit(plan: Plan, host: str) -> str:
@@ -205,8 +208,7 @@ def engine_template(plan: Plan) -> str:
         unit += ["Delegate=yes"] + [f"{k}={v}" for k, v in LIMITS] + [""]
         return "\n".join(unit)
     unit += hardening(UNPRIVILEGED) + [f"{k}={v}" for k, v in LIMITS]
-    unit += [f"ReadWritePaths={plan.socket_dir} {plan.engines_dir}"]
-    unit += [f"ReadOnlyPaths={plan.model_dir}", ""]
+    unit += [f"ReadWritePaths={plan.socket_dir} {plan.engines_dir}", ""]
     return "\n".join(unit)
 
 
@@ -216,11 +218,17 @@ def engine_dropin(plan: Plan, host: str, cohort: int) -> str:
     lines = ["[Service]"] + environment_lines(env)
     if plan.container:
         unit = plan.unit_name("engine", cohort)
-        mounts = [(plan.socket_dir, True), (f"{plan.engines_dir}/{cohort}", True), (plan.model_dir, False)]
+        mounts = [(plan.socket_dir, True), (f"{plan.engines_dir}/{cohort}", True), (plan.model_dir, False, plan.model_view),
+                  ("/dev/null", False, f"{plan.model_view}/{MANIFEST_NAME}")]
         wrapped = container_process(plan, unit, Process(host=host, argv=process.argv, env=env), mounts,
                                     CREDENTIAL_NAMES if plan.secure else ())
         return "\n".join(lines + [exec_start(wrapped.argv), stop_post(unit), ""])
-    return "\n".join(lines + [exec_start(process.argv), ""])
+    # the cohort's revision at the one path every revision's engines name (Plan.model_view), read-only, without
+    # shadowline's manifest (it names the revision, and Dynamo's model card checksums every file of the directory
+    # but the weights and hidden files: a manifest that differs would change the card)
+    view = [f"BindReadOnlyPaths={plan.model_dir}:{plan.model_view}",
+            f"BindReadOnlyPaths=/dev/null:{plan.model_view}/{MANIFEST_NAME}"]
+    return "\n".join(lines + view + [exec_start(process.argv), ""])
 
 
 def engine_model_dropin(digest: str) -> str:

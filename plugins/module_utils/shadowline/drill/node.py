@@ -203,7 +203,7 @@ def wait_settled(plan: Plan, since: float, before: dict[str, Any], expect_failur
 # --- GMS -----------------------------------------------------------------------------------------------------
 def gms_state(plan: Plan) -> dict[str, Any]:
     """The GMS server's pid and, where the backend can tell, whether it holds committed weights."""
-    return {**service_state(plan, "gms"), "resident": plan.engine.weights_resident(plan.socket_dir)}
+    return {**service_state(plan, "gms"), "resident": plan.engine.weights_resident(plan.gms_dir)}
 
 
 # --- fault injection ------------------------------------------------------------------------------------------

@@ -130,7 +130,7 @@ def build_job_plan(shared: dict[str, Any], inventory_hosts: int) -> tuple[Plan |
     # A job's etcd and NATS live inside its allocation and have no credentials yet (docs/security.md): plain, and
     # slurm/render warns that the job runs them open.
     contract = dataclasses.replace(contract, insecure=True)
-    plan = build_plan(contract, state_dir=f"{node_dir}/state", config_dir=f"{node_dir}/config")
+    plan = build_plan(contract, state_dir=f"{node_dir}/state", config_dir=f"{node_dir}/config", model_view=False)
     return plan, options, problems
 
 
@@ -283,11 +283,11 @@ def tasks(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
     gms_branches = []
     for index, process in enumerate(plan.gms_servers):
         gms_branches.append({"case": str(index), "comment": f"node {index}",
-                             "pre": [f"mkdir -p {sh(plan.socket_dir)}"],
+                             "pre": [f"mkdir -p {sh(plan.gms_dir)}"],
                              "lines": command_lines(list(process.argv), step_env(process.env), prefix)})
     out.append({"name": "gms", "by_node": True, "comment": f"GPU Memory Service server ({plan.engine.gms_module})",
                 "branches": gms_branches})
-    pattern = f"{plan.socket_dir}/gms_*_weights.sock"
+    pattern = f"{plan.gms_dir}/gms_*_weights.sock"
     argv = [python, "-m", NODE_TASKS_MODULE, "wait-files", "--pattern", pattern,
             "--count", str(plan.gpus_per_node), "--timeout", str(options.ready_timeout_s)]
     out.append({"name": "gms_wait", "by_node": False, "comment": "wait until this node's GMS server listens",

@@ -11,8 +11,9 @@ A ``weights`` socket holds at most one committed layout, like upstream's per-GPU
 
 - ``publish``: a writer (an ``ENGINE_ID=0`` rank) sends its shard as a sealed memfd (SCM_RIGHTS)
   with a JSON header (model identity, TP size and rank, digest, tensor layout). The server keeps
-  the descriptor; a new publish replaces the old layout (the old pages live on in clients that
-  mapped them).
+  the descriptor. Like upstream's server, it refuses a new writer while readers are attached to a
+  committed layout (another model revision needs a GMS server of its own: a residency); with none
+  attached a new publish replaces the old layout.
 - ``import``: a reader asks for the committed layout, waiting up to its timeout (upstream's
   admission wait) for a writer to publish; it gets the descriptor and maps it read-only.
 - ``status``: what the socket holds.
@@ -53,9 +54,16 @@ class Pool:
         self.fd = -1
         self.generation = 0
         self.clients = 0
+        self.readers = 0  # connections holding an imported layout
 
-    def publish(self, header: dict[str, Any], fd: int) -> int:
+    def publish(self, header: dict[str, Any], fd: int) -> int | str:
+        """The new layout's generation, or why it was refused (readers attached to the committed one)."""
         with self.cond:
+            if self.header is not None and self.readers > 0:
+                os.close(fd)
+                return (f"{self.readers} reader(s) attached to the committed layout (generation {self.generation}, "
+                        f"model {self.header.get('model_path')}): the GMS server refuses a new writer while readers "
+                        "are attached; give another model revision a GMS server of its own")
             if self.fd >= 0:
                 os.close(self.fd)
             self.generation += 1
@@ -81,7 +89,8 @@ class Pool:
                 summary = {k: v for k, v in self.header.items() if k != "tensors"}
                 summary["tensor_count"] = len(self.header.get("tensors", []))
             return {"gpu": self.gpu, "tag": self.tag, "committed": self.header is not None,
-                    "generation": self.generation, "clients": self.clients, "layout": summary}
+                    "generation": self.generation, "clients": self.clients, "readers": self.readers,
+                    "layout": summary}
 
 
 def mismatch(header: dict[str, Any], expect: dict[str, Any]) -> str | None:
@@ -94,6 +103,7 @@ def mismatch(header: dict[str, Any], expect: dict[str, Any]) -> str | None:
 def serve_client(pool: Pool, conn: socket.socket) -> None:
     with pool.cond:
         pool.clients += 1
+    reading = False
     try:
         while True:
             msg, fds = unix_messages.recv(conn)
@@ -103,6 +113,11 @@ def serve_client(pool: Pool, conn: socket.socket) -> None:
             elif op == "publish" and pool.tag == "weights" and len(fds) == 1:
                 gen = pool.publish(msg["header"], fds[0])
                 h = msg["header"]
+                if isinstance(gen, str):
+                    log.warning("GMS %s %s: refused a writer (engine-%s, model %s): %s", pool.gpu, pool.tag,
+                                h.get("engine_id"), h.get("model_path"), gen)
+                    unix_messages.send(conn, {"ok": False, "error": gen})
+                    continue
                 log.info("GMS %s %s: committed layout generation %d from engine-%s (model %s, TP rank %s/%s, "
                          "%d bytes, %s)", pool.gpu, pool.tag, gen, h.get("engine_id"), h.get("model"),
                          h.get("tp_rank"), h.get("tp_size"), h.get("size", 0), h.get("digest"))
@@ -121,6 +136,10 @@ def serve_client(pool: Pool, conn: socket.socket) -> None:
                                                                     f"match: {problem}"})
                     continue
                 unix_messages.send(conn, {"ok": True, "header": header}, [fd])
+                if not reading:
+                    reading = True
+                    with pool.cond:
+                        pool.readers += 1
             else:
                 for fd in fds:
                     os.close(fd)
@@ -131,6 +150,7 @@ def serve_client(pool: Pool, conn: socket.socket) -> None:
     finally:
         with pool.cond:
             pool.clients -= 1
+            pool.readers -= 1 if reading else 0
         conn.close()
 
 
