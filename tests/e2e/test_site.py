@@ -423,8 +423,10 @@ def test_units_are_sandboxed(site: Site, request: pytest.FixtureRequest) -> None
     """`systemd-analyze security` inside node0: infra and GMS units at most 3.0, engines 4.0, the agent 5.0."""
     site.need("converged")
     figures = {}
+    plan = Plan.from_dict(site.plan())
     for kind in EXPOSURE_LIMITS:
-        out = host_sh("node0", f"systemd-analyze security --no-pager shadowline-demo-{kind}.service | tail -n 1")
+        unit = plan.unit_name("gms") if kind == "gms" else f"shadowline-demo-{kind}.service"  # the revision's GMS
+        out = host_sh("node0", f"systemd-analyze security --no-pager {unit} | tail -n 1")
         match = re.search(r"exposure level for \S+: ([0-9.]+)", out)
         assert match, out
         figures[kind] = float(match.group(1))

@@ -77,3 +77,13 @@ def test_the_agent_is_restarted_however_often_it_fails():
     unit_section = lines[:lines.index("[Service]")]
     assert "StartLimitIntervalSec=0" in unit_section and "Restart=always" in lines
     assert "RestartPreventExitStatus=3" in lines  # a second agent on the node (the lock is held) stays down
+
+
+def test_the_gms_server_makes_its_residencys_socket_directory_its_users():
+    """Each model revision's GMS server makes its socket directory below gms_socket_dir, owned by the service user
+    also in container mode, where the unit's commands run as root and the server as the service user."""
+    plan = typed_plan()
+    lines = units.gms_unit(plan, "node0").splitlines()
+    assert f"ExecStartPre=/usr/bin/install -d -o root -g root -m 0750 {plan.gms_dir}" in lines
+    assert f'Environment="GMS_SOCKET_DIR={plan.gms_dir}"' in lines
+    assert plan.unit_name("gms") == f"shadowline-{plan.deployment}-gms@{plan.revision[:12]}.service"

@@ -144,7 +144,10 @@ CREDENTIAL_NAMES = ("ETCD_AUTH_USERNAME", "ETCD_AUTH_PASSWORD")  # from dynamo_c
 def gms_unit(plan: Plan, host: str) -> str:
     description = f"shadowline {plan.deployment}: GPU Memory Service server (residency {plan.residency})"
     process = plan.gms_server_on(host)
-    residency = (f"ExecStartPre=/bin/mkdir -p {plan.gms_dir}",)  # its residency's socket directory
+    # its residency's socket directory, the service user's (in container mode this runs as root, the server as the
+    # service user)
+    user = plan.service_user
+    residency = (f"ExecStartPre=/usr/bin/install -d -o {user} -g {user} -m 0750 {plan.gms_dir}",)
     if plan.container:
         unit = plan.unit_name("gms")
         return service_unit(description, container_process(plan, unit, process, [(plan.socket_dir, True)]), [],
