@@ -25,8 +25,9 @@ def _dropin_dir(plan: Plan, cohort: int) -> str:
 
 def engine_files(plan: dict[str, Any], host: str, model_digest: str = "") -> dict[str, list[dict[str, str]]]:
     """Every directory and file of the engines on a host, as shadowline.gms.install_files takes them: the mount
-    point of the model's view (Plan.model_view), each cohort's home and drop-in directory; the template unit; per cohort its command and environment (plan.conf)
-    and, once the readiness gate passed, the digest of the model its ranks start on (model.conf)."""
+    point of the model's view (Plan.model_view), each cohort's home and drop-in directory; the template unit; per
+    cohort its command and environment (plan.conf) and, once the readiness gate passed, the digest of the model its
+    ranks start on (model.conf)."""
     plan = Plan.from_dict(plan)
     root = {"owner": "root", "group": "root"}
     user = {"owner": plan.service_user, "group": plan.service_user}
@@ -78,8 +79,10 @@ def stale_cohorts(plan: dict[str, Any], host: str, running: list[dict[str, Any]]
     for result in running:
         cohort = int(result["item"]["cohort"])
         lines = list(result.get("stdout_lines") or [])
-        running_argv, _mark, running_env = (lines[:lines.index(ENV_MARK)], ENV_MARK, lines[lines.index(ENV_MARK) + 1:]) \
-            if ENV_MARK in lines else (lines, None, None)
+        running_argv, running_env = lines, None
+        if ENV_MARK in lines:
+            cut = lines.index(ENV_MARK)
+            running_argv, running_env = lines[:cut], lines[cut + 1:]
         process = typed.cohort(cohort).rank_on(host).process
         argv = list(process.argv)
         if typed.container:

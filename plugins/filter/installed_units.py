@@ -9,7 +9,11 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan, unit_name
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import (
+    Plan,
+    residency_dir,
+    unit_name,
+)
 
 DROPIN_SUFFIX = ".d"
 
@@ -70,7 +74,7 @@ def gms_units_unplanned(plan: dict[str, Any], paths: list[str]) -> list[dict[str
         elif unit.startswith(prefix) and unit.endswith(".service") and unit != typed.unit_name("gms"):
             residency = unit[len(prefix): -len(".service")]
             if residency:  # never the template name
-                found.append({"unit": unit, "path": str(path), "socket_dir": f"{typed.socket_dir}/rev-{residency}"})
+                found.append({"unit": unit, "path": str(path), "socket_dir": residency_dir(typed.socket_dir, residency)})
     return sorted(found, key=lambda item: item["unit"])
 
 

@@ -329,9 +329,14 @@ def residency_of(revision: str) -> str:
 
 
 def gms_dir(socket_dir: str, revision: str) -> str:
-    """A residency's GMS socket directory below the deployment's socket directory (the failover lock stays in
+    """A revision's GMS socket directory below the deployment's socket directory (the failover lock stays in
     the latter: every cohort of every revision contends for one lock)."""
-    return f"{socket_dir.rstrip('/')}/rev-{residency_of(revision)}"
+    return residency_dir(socket_dir, residency_of(revision))
+
+
+def residency_dir(socket_dir: str, residency: str) -> str:
+    """The socket directory of a residency (``residency_of``), also of one found installed (gms_units_unplanned)."""
+    return f"{socket_dir.rstrip('/')}/rev-{residency}"
 
 
 def on_host(processes: tuple[Process, ...], host: str) -> Process:
