@@ -100,6 +100,28 @@ def start_etcd(workdir: Path, name: str = "slurm-test") -> LocalEtcd:
     return etcd
 
 
+def read_request(client: socket.socket) -> bytes:
+    """One whole HTTP request from ``client``: the headers, then Content-Length bytes of body. A single recv() may
+    return the headers alone (http.client can send them apart from the body, and a loaded machine splits them):
+    forwarded like that, etcd waits for the rest until the proxy's 5 s timeout (a CI failure of
+    test_etcd_resilience)."""
+    request = b""
+    while b"\r\n\r\n" not in request:
+        chunk = client.recv(65536)
+        if not chunk:
+            return request
+        request += chunk
+    head, _sep, body = request.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = client.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 class CuttingProxy:
     """A TCP proxy to etcd that cuts every ``every``-th answer in half and closes the connection; with ``only``,
     just the answers to requests that contain it (e.g. ``b"/v3/kv/txn"``), the rest passed whole."""
@@ -124,7 +146,7 @@ class CuttingProxy:
     def relay(self, client: socket.socket) -> None:
         with client, socket.create_connection(self.target, timeout=5) as upstream:
             client.settimeout(5)
-            request = client.recv(65536)
+            request = read_request(client)
             cut = False
             if self.only is None or self.only in request:
                 self.count += 1
