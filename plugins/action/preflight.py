@@ -8,17 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import insecure_warning
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.preflight import run_preflight
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.problems import (
     Problem,
     format_problems,
 )
 from ansible_collections.shadowline.gms.plugins.plugin_utils.hostvars import contract_hosts, read_host
-
-INSECURE_WARNING = ("gms_insecure is true: deployment {deployment} runs etcd without authentication and NATS "
-                    "without TLS. Anyone who can reach the infra hosts can forge slot records (make every node kill "
-                    "any cohort), fake discovery registrations and read all traffic. Remove gms_insecure to close "
-                    "the control plane (docs/security.md).")
 
 
 class ActionModule(ActionBase):
@@ -50,7 +46,7 @@ class ActionModule(ActionBase):
             raise AssertionError("unreachable: checked above")
         result["plan"] = outcome.plan.to_dict()
         if not outcome.plan.secure:
-            result["warnings"] = [INSECURE_WARNING.format(deployment=outcome.plan.deployment)]
+            result["warnings"] = [insecure_warning(outcome.plan.deployment)]
         result["msg"] = (f"preflight passed for deployment {outcome.plan.deployment}: "
                          f"{len(node_hosts)} node(s), {len(outcome.plan.cohorts)} cohort(s), "
                          f"backend {outcome.plan.backend}; checked " + "; ".join(outcome.checks) + ".")

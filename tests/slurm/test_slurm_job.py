@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import ssl
 import subprocess
 import time
 import uuid
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from shadowline.control.etcd_client import Etcd, EtcdAuth, EtcdError
 from shadowline.model.spec import spec_from_inventory
 from shadowline.model.stage import ensure_model
 from shadowline.slurm.load import complete
@@ -157,6 +160,56 @@ def test_job_serves_through_the_frontend(job):
     assert {"gms", "etcd", "nats", "frontend", "cohort-0", "cohort-1"} <= names
     first = events(job["dir"])[0]
     assert set(first) >= {"time", "node", "cohort", "generation", "event", "detail"}
+
+
+def test_the_jobs_control_plane_is_closed(job):
+    """The job's own credentials (slurm/job_secrets.py): on every node in the node directory, the job user's
+    only, no CA key and no bundle left; no password in the script, the job directory or a process's arguments;
+    etcd refuses a client without a password and the engines' identity on the agents' keys; NATS refuses a
+    client without the job's certificate."""
+    wait_for(lambda: any(e["event"] == "deployment-ready" for e in events(job["dir"])), 120, "the deployment")
+    plan = job_json(job["dir"])["plan"]
+    secrets = plan["security"]["dir"]
+    expected = {"ca.crt": "644", "client.crt": "644", "client.key": "600", "server.crt": "644", "server.key": "600",
+                "dynamo.env": "600", "etcd-agent.password": "600"}
+    for host in ("node0", "node1"):
+        listing = on(host, "bash", "-c", f"cd {secrets} && stat -c '%a %U %n' . *").splitlines()
+        modes = {name: mode for mode, _owner, name in (line.split(" ", 2) for line in listing)}
+        assert modes == {".": "700", **expected}, f"{host}: {listing}"
+        assert {line.split(" ", 2)[1] for line in listing} == {"root"}  # the job's user on the testbed
+        assert on(host, "bash", "-c", f"ls {plan['config_dir']}/.. | grep -c secrets.tar || true").strip() == "0"
+    agent = on("node0", "cat", f"{secrets}/etcd-agent.password").strip()
+    dynamo = on("node0", "sed", "-n", "s/^ETCD_AUTH_PASSWORD=//p", f"{secrets}/dynamo.env").strip()
+    assert len(agent) >= 32 and len(dynamo) >= 32 and agent != dynamo
+    assert on("node1", "cat", f"{secrets}/etcd-agent.password").strip() == agent, "one job, one etcd"
+    for password in (agent, dynamo):
+        assert password not in job["script"].read_text()
+        assert on("node0", "grep", "-rlF", password, str(job["dir"]), check=False).strip() == ""
+        for host in ("node0", "node1"):
+            assert password not in on(host, "ps", "-eo", "args", "--no-headers")
+    endpoint = plan["infra"]["etcd_endpoints"].split(",")[0]
+    assert endpoint == "http://198.18.3.10:2379"
+    with pytest.raises(EtcdError, match="user name is empty|permission denied"):
+        Etcd(endpoint, timeout=3).put("/shadowline/slurmtest/forged", "x")
+    with pytest.raises(EtcdError, match="authentication failed"):
+        Etcd(endpoint, timeout=3, auth=EtcdAuth("agent", "not-the-password")).get_prefix("v1/")
+    with pytest.raises(EtcdError, match="permission denied"):
+        Etcd(endpoint, timeout=3, auth=EtcdAuth("dynamo", dynamo)).put("/shadowline/slurmtest/forged", "x")
+    assert Etcd(endpoint, timeout=3, auth=EtcdAuth("agent", agent)).get_prefix("v1/"), "the agents' identity reads"
+    nats = plan["infra"]["nats_server"].split(",")[0]
+    assert nats.startswith("tls://198.18.3.10:")
+    raw = socket.create_connection(("198.18.3.10", int(nats.rsplit(":", 1)[1])), timeout=5)
+    info = json.loads(raw.recv(4096).split(b" ", 1)[1])
+    assert info.get("tls_required") and info.get("tls_verify"), info
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # no client certificate
+    try:
+        with context.wrap_socket(raw) as tls:
+            tls.sendall(b"CONNECT {}\r\nPING\r\n")
+            answer = tls.recv(4096)
+    except (ssl.SSLError, OSError) as err:
+        answer = str(err).encode()
+    assert b"PONG" not in answer, answer
 
 
 def test_kill_worker_rank_tears_down_the_primary_and_the_shadow_serves(job):

@@ -14,7 +14,6 @@ deployment's variables (one host's ``gms_*`` values) and never raises on bad inp
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import asdict
 from typing import Any
@@ -24,6 +23,7 @@ from ..deployment.contract import FRONTEND_TLS_PLAIN, parse_contract
 from ..deployment.plan import CohortPlan, Plan, build_plan, shell_quote
 from ..deployment.problems import Problem
 from ..deployment.values import as_int
+from .job_secrets import BUNDLE
 from .options import SlurmOptions, parse_slurm_options
 
 SLURM_VARIABLES = ["gms_slurm"]  # the Slurm-only variables (listed in contract.KNOWN_VARIABLES too)
@@ -121,15 +121,15 @@ def build_job_plan(shared: dict[str, Any], inventory_hosts: int) -> tuple[Plan |
     contract, contract_problems = parse_contract(hostvars, names, [])
     problems += [p for p in contract_problems if p.field != "gms_slurm"]
     if contract is not None and contract.frontend_tls != FRONTEND_TLS_PLAIN:
-        problems.append(Problem("gms_frontend_tls", f"is {contract.frontend_tls}, but a Slurm job has no "
-                                "certificates of the deployment's CA yet (its control plane runs plain inside the "
-                                "allocation, docs/security.md).",
-                                "set gms_frontend_tls: plain for the Slurm job, or deploy with playbooks/site.yml."))
+        problems.append(Problem("gms_frontend_tls", f"is {contract.frontend_tls}, but a Slurm job's CA is made "
+                                "for that job alone when it starts (slurm/job_secrets.py): no client outside the "
+                                "job could trust its frontend's certificate.",
+                                "set gms_frontend_tls: plain for the Slurm job (and gms_frontend_allow, or a "
+                                "TLS-terminating proxy with a public certificate), or deploy with playbooks/site.yml."))
     if contract is None or options is None or problems:
         return None, None, problems
-    # A job's etcd and NATS live inside its allocation and have no credentials yet (docs/security.md): plain, and
-    # slurm/render warns that the job runs them open.
-    contract = dataclasses.replace(contract, insecure=True)
+    # Unless gms_insecure: the job's etcd wants passwords and its NATS and request plane TLS, with credentials
+    # the supervisor makes for the job at its start (slurm/job_secrets.py), under <node_dir>/config/secrets.
     plan = build_plan(contract, state_dir=f"{node_dir}/state", config_dir=f"{node_dir}/config", model_view=False)
     return plan, options, problems
 
@@ -149,6 +149,7 @@ def job_context(shared: dict[str, Any], inventory_hosts: int = 1,
         "deployment": plan.deployment, "backend": plan.backend, "model_id": plan.model_id,
         "revision": plan.revision, "model_dir": plan.model_dir, "nnodes": nnodes, "source": source,
         "lock_path": plan.lock_path, "socket_dir": plan.socket_dir, "node_dir": node_dir,
+        "secure": plan.secure, "secrets_dir": plan.security.dir if plan.security else "",
         "frontend": shown(plan.infra.frontend_url),
         "sbatch": sbatch_options(options, nnodes),
         "settings": [("SL_PYTHON", sh(supervisor_python)), ("SL_NODE_DIR", sh(node_dir)),
@@ -258,7 +259,7 @@ def _rank_task(plan: Plan, options: SlurmOptions, cohort: CohortPlan) -> dict[st
         process = rank.process
         kind = "leader: Dynamo runtime, takes the failover lock" if rank.leader else "headless"
         branches.append({"case": str(rank.node_rank), "comment": f"rank {rank.node_rank} ({kind})",
-                         "pre": [], "lines": command_lines(watchdog + list(process.argv), step_env(process.env), prefix)})
+                         "pre": credentials_pre(plan), "lines": command_lines(watchdog + list(process.argv), step_env(process.env), prefix)})
     ports = cohort.ports
     return {"name": f"cohort_{cohort.cohort}", "by_node": True,
             "comment": f"cohort {cohort.cohort} ({cohort.role}, ENGINE_ID={cohort.engine_id}): "
@@ -274,6 +275,14 @@ def tasks(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
     infra = plan.infra
     python = plan.python
     out: list[dict[str, Any]] = []
+    if plan.secure and plan.security is not None:
+        secrets, bundle = sh(plan.security.dir), f'"$SL_NODE_DIR/{BUNDLE}"'
+        out.append({"name": "secrets", "by_node": False,
+                    "comment": "keep this node's share of the job's credentials (the supervisor's bundle, "
+                               "slurm/job_secrets.py), readable by the job's user only, and delete the bundle",
+                    "pre": ["umask 077", f"mkdir -p {secrets}",
+                            f'tar -xf {bundle} -C {secrets} --strip-components=1 "node-$SLURM_NODEID"',
+                            f"rm -f {bundle}"], "lines": []})
     if options.model_check:
         argv = [python, "-m", NODE_TASKS_MODULE, "model-status", "--local-dir", plan.model_dir,
                 "--model-id", plan.model_id, "--revision", plan.revision]
@@ -299,6 +308,7 @@ def tasks(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
     nats_pre = []
     for path, text in nats.files.items():
         nats_pre.append(f"mkdir -p {sh(path.rsplit('/', 1)[0])} {sh(plan.nats_store_dir)}")
+        nats_pre.append("# shellcheck disable=SC2016  # $DYNAMO: a variable of NATS's configuration, not the shell's")
         nats_pre += _continued(["printf '%s\\n'"] + [f"    {sh(line)}" for line in text.rstrip(chr(10)).split(chr(10))]
                                + [f"    > {sh(path)}"])
     out.append({"name": "nats", "by_node": False,
@@ -306,7 +316,7 @@ def tasks(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
                 "pre": nats_pre, "lines": command_lines(list(nats.argv), nats.env, prefix)})
     out.append({"name": "frontend", "by_node": False,
                 "comment": "Dynamo frontend (OpenAI API), on the first node: " + infra.frontend_url,
-                "pre": [f"mkdir -p {sh(frontend.env['HOME'])}"],
+                "pre": [f"mkdir -p {sh(frontend.env['HOME'])}", *credentials_pre(plan)],
                 "lines": command_lines(list(frontend.argv), frontend.env, prefix)})
     out += [_rank_task(plan, options, cohort) for cohort in plan.cohorts]
     for task in out:
@@ -316,6 +326,14 @@ def tasks(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
             branch["lines"] = _continued(branch["lines"])
         task["lines"] = _continued(task["lines"])
     return out
+
+
+def credentials_pre(plan: Plan) -> list[str]:
+    """What a Dynamo process's task runs before its command: its etcd identity (ETCD_AUTH_USERNAME/PASSWORD)
+    from the job's secrets, exported, so that no password is ever in this script; nothing when insecure."""
+    if not plan.secure or plan.security is None:
+        return []
+    return ["# shellcheck source=/dev/null", f"set -a && . {sh(plan.security.dynamo_env)} && set +a"]
 
 
 def _continued(lines: list[str]) -> list[str]:
@@ -341,6 +359,9 @@ def steps(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
     out = [srun("prepare", every, [], "every node: a fresh node directory (the task prints its node id)",
                 command='/bin/sh -c "rm -rf -- \\"\\$SL_NODE_DIR\\" && mkdir -p -m 0700 \\"\\$SL_NODE_DIR\\" '
                         '&& echo \\"\\$SLURM_NODEID \\$SLURMD_NODENAME\\""', in_container=False)]
+    if plan.secure:
+        out.append(srun("secrets", every, [], "every node: its share of the job's credentials (the supervisor made "
+                        "them for this job and copied them with sbcast)", in_container=False))
     if options.model_check:
         out.append(srun("model-check", every, [], "every node: the staged model's status, for the readiness gate"))
     out += [

@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import console
+from ..deployment.plan import Plan, insecure_warning
 from ..deployment.problems import Problem, format_problems
+from .allocation import read_spec
 from .job import HOST_ONLY, job_context
 
 ROOT = Path(__file__).resolve().parents[4]  # the checkout (plugins/module_utils/shadowline/slurm/render.py)
 TEMPLATE = ROOT / "slurm" / "job.sbatch.j2"
-SLURM_INSECURE_WARNING = ("slurm/render: warning: the job runs its etcd and NATS inside the allocation without "
-                          "authentication or TLS (docs/security.md): anyone who reaches the job's nodes can drive "
-                          "its failover.")
 
 
 def need(module: str) -> Any:
@@ -200,6 +199,7 @@ def deployment_values(hostvars: dict[str, dict[str, Any]], groups: dict[str, lis
 # -- main ----------------------------------------------------------------------------------------------------- #
 
 def render(shared: dict[str, Any], hosts: int, source: str) -> tuple[str | None, str, list[Problem]]:
+    """(the script, its default file name, problems)."""
     context, problems = job_context(shared, hosts, source)
     if context is None:
         return None, "", problems
@@ -237,7 +237,9 @@ def run(args: argparse.Namespace) -> int:
         tmp.write_text(text)
         tmp.chmod(0o755)
         tmp.replace(target)
-    console.err(SLURM_INSECURE_WARNING)
-    console.out(json.dumps({"path": str(target.resolve()), "changed": changed, "inventory": how,
-                            "submit": f"sbatch {target}", "warning": SLURM_INSECURE_WARNING}))
+    result = {"path": str(target.resolve()), "changed": changed, "inventory": how, "submit": f"sbatch {target}"}
+    if not Plan.from_dict(read_spec(text)["plan"]).secure:  # the plan the supervisor will read
+        result["warning"] = "slurm/render: warning: " + insecure_warning(str(shared.get("gms_deployment")))
+        console.err(result["warning"])
+    console.out(json.dumps(result))
     return 0

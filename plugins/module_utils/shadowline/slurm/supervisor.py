@@ -4,9 +4,10 @@ Read top to bottom, ``Supervisor.run``:
 
 1. reads the allocation (``scontrol show hostnames``, node addresses), exports ``SL_NODE_<i>``/``SL_ADDR_<i>``,
    makes the job directory and starts ``job.json`` and ``events.jsonl`` there;
-2. prepares every node (a fresh node directory; the script copied there with ``sbcast``);
+2. prepares every node (a fresh node directory; the script copied there with ``sbcast``); unless
+   ``gms_insecure``, makes the job's own credentials and installs each node's share (slurm/job_secrets.py);
 3. checks that the pinned model is staged and identical on every node (the model library's readiness gate);
-4. starts the GMS servers, etcd, NATS and the frontend, waiting for each;
+4. starts the GMS servers, etcd (then turns its authentication on), NATS and the frontend, waiting for each;
 5. starts the primary cohort and waits until it serves, then the shadows until each is parked;
 6. watches: when a cohort step ends (a rank died; the watchdog ended a hung one; ``scancel <job>.<step>``) it
    revokes that cohort's discovery registration and relaunches the step as a fresh shadow in the same slot,
@@ -27,10 +28,12 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,7 +41,7 @@ from typing import Any
 
 from .. import console
 from ..control import discovery
-from ..control.access import etcd_for
+from ..control.access import ensure_etcd_auth, etcd_for
 from ..control.cohort_state import leader_state
 from ..control.etcd_client import EtcdError
 from ..control.events import EventLog
@@ -49,6 +52,7 @@ from ..deployment.plan import Plan
 from ..model.fsutil import atomic_write_json
 from ..model.readiness import readiness_gate
 from .allocation import AllocationError, Node, allocation, concrete, read_spec
+from .job_secrets import BUNDLE, make_bundle
 from .load import complete
 from .options import SlurmOptions
 
@@ -127,6 +131,7 @@ class Supervisor:
         self.known_step_ids: set[str] = set()
         self.nodes: list[Node] = []
         self.plan: Plan | None = None  # the spec's plan with the allocation's addresses (once known)
+        self.passwords: dict[str, str] = {}  # the job's etcd passwords by user (job_secrets); never printed
         self.exit_code = 0
         self.job_lock = threading.Lock()
         self.started = time.time()
@@ -139,6 +144,7 @@ class Supervisor:
         try:
             self.start_job()
             self.prepare_nodes()
+            self.install_secrets()
             self.check_model()
             self.start_infra()
             self.start_cohorts()
@@ -188,7 +194,6 @@ class Supervisor:
             os.environ[f"SL_ADDR_{i}"] = node.address
         os.environ["SL_JOB_DIR"] = self.job_dir
         self.plan = Plan.from_dict(concrete(self.spec_plan.to_dict(), self.nodes))
-        self.etcd = etcd_for(self.plan, timeout=1.0)
         self.write_job()
 
     def prepare_nodes(self) -> None:
@@ -206,11 +211,31 @@ class Supervisor:
             self.export_nodes()
             self.events.write("node-order", nodes=[n.name for n in self.nodes])
         target = os.path.join(self.options.node_dir, "job.sh")
-        proc = subprocess.run(["sbcast", "--force", self.script, target], capture_output=True, text=True,
+        self.sbcast(self.script, target)
+        self.events.write("nodes-prepared", node_dir=self.options.node_dir, script_copy=target)
+
+    def sbcast(self, source: str, target: str) -> None:
+        proc = subprocess.run(["sbcast", "--force", source, target], capture_output=True, text=True,
                               timeout=120, check=False)
         if proc.returncode != 0:
-            raise Fatal(f"sbcast of the script to {target} failed: {proc.stderr.strip()}")
-        self.events.write("nodes-prepared", node_dir=self.options.node_dir, script_copy=target)
+            raise Fatal(f"sbcast of {source} to {target} failed: {proc.stderr.strip()}")
+
+    def install_secrets(self) -> None:
+        """Unless gms_insecure: the job's own credentials on every node (slurm/job_secrets.py), before anything
+        that uses them starts; then the supervisor's etcd client, as the agents' identity."""
+        plan = self.job_plan
+        if plan.secure and plan.security is not None:
+            scratch = tempfile.mkdtemp(prefix="shadowline-bundle-")
+            try:
+                bundle = os.path.join(scratch, BUNDLE)
+                self.passwords = make_bundle(plan, bundle)
+                self.sbcast(bundle, os.path.join(self.options.node_dir, BUNDLE))
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            if self.run_to_end("secrets", 60).popen.returncode != 0:
+                raise Fatal("the job's credentials could not be installed on every node (see steps/secrets.1.log)")
+            self.events.write("secrets-installed", directory=plan.security.dir)
+        self.etcd = etcd_for(plan, timeout=1.0)
 
     @property
     def job_plan(self) -> Plan:
@@ -250,7 +275,14 @@ class Supervisor:
             raise Fatal("a GMS server did not come up (see steps/gms_wait.1.log and steps/gms.1.log)")
         infra = self.job_plan.infra
         self.launch("etcd")
-        self.wait_ready("etcd", http_check(infra.etcd_endpoints.split(",")[0] + "/health"), 60)
+        endpoint = infra.etcd_endpoints.split(",")[0]
+        self.wait_ready("etcd", http_check(endpoint + "/health"), 60)
+        if self.passwords:
+            try:
+                changed = ensure_etcd_auth(endpoint, self.job_plan.deployment, self.passwords)
+            except EtcdError as err:
+                raise Fatal(f"could not turn on etcd's authentication: {err}") from None
+            self.events.write("etcd-authentication", changed=changed)
         self.launch("nats")
         host, port = infra.nats_server.split(",")[0].split("://")[-1].rsplit(":", 1)
         self.wait_ready("nats", lambda: None if _connects(host, int(port)) else f"NATS {host}:{port} refused", 60)
