@@ -23,18 +23,20 @@ def _dropin_dir(plan: Plan, cohort: int) -> str:
     return f"{UNIT_DIR}/{plan.unit_name('engine', cohort)}.d"
 
 
-def engine_files(plan: dict[str, Any], host: str, model_digest: str = "") -> dict[str, list[dict[str, str]]]:
+def engine_files(plan: dict[str, Any], host: str, model_digest: str = "",
+                 only: list[int] | None = None) -> dict[str, list[dict[str, str]]]:
     """Every directory and file of the engines on a host, as shadowline.gms.install_files takes them: the mount
     point of the model's view (Plan.model_view), each cohort's home and drop-in directory; the template unit; per
     cohort its command and environment (plan.conf) and, once the readiness gate passed, the digest of the model its
-    ranks start on (model.conf)."""
+    ranks start on (model.conf). ``only``: those cohorts' files alone (playbooks/upgrade.yml relaunches the writer
+    cohort on a new model revision while the others keep the served one's)."""
     plan = Plan.from_dict(plan)
     root = {"owner": "root", "group": "root"}
     user = {"owner": plan.service_user, "group": plan.service_user}
     directories = [{"path": plan.model_view, "mode": "0755", **root}]  # where each unit mounts its revision
     files = [{"path": f"{UNIT_DIR}/{plan.unit_name('engine')}", "content": units.engine_template(plan),
               "mode": "0644", **root}]
-    for cohort in plan.cohort_ids:
+    for cohort in _selected(plan, only):
         dropin = _dropin_dir(plan, cohort)
         directories += [{"path": f"{plan.engines_dir}/{cohort}", "mode": "0750", **user},
                         {"path": dropin, "mode": "0755", **root}]
@@ -46,14 +48,20 @@ def engine_files(plan: dict[str, Any], host: str, model_digest: str = "") -> dic
     return {"directories": directories, "files": files}
 
 
-def engine_changed_cohorts(plan: dict[str, Any], changed_paths: list[str] | None) -> list[int]:
-    """The cohorts whose units changed, from install_files' changed_paths: all of them when the template
-    changed, else those with a changed drop-in file."""
+def engine_changed_cohorts(plan: dict[str, Any], changed_paths: list[str] | None,
+                           only: list[int] | None = None) -> list[int]:
+    """The cohorts whose units changed, from install_files' changed_paths: all of them (or all of ``only``) when
+    the template changed, else those with a changed drop-in file."""
     plan = Plan.from_dict(plan)
     changed = set(changed_paths or [])
+    cohorts = _selected(plan, only)
     if f"{UNIT_DIR}/{plan.unit_name('engine')}" in changed:
-        return plan.cohort_ids
-    return [c for c in plan.cohort_ids if any(p.startswith(_dropin_dir(plan, c) + "/") for p in changed)]
+        return cohorts
+    return [c for c in cohorts if any(p.startswith(_dropin_dir(plan, c) + "/") for p in changed)]
+
+
+def _selected(plan: Plan, only: list[int] | None) -> list[int]:
+    return [c for c in plan.cohort_ids if only is None or c in {int(o) for o in only}]
 
 
 def serving_cohort(plan: dict[str, Any], lock_content: str | None = None) -> int:

@@ -380,9 +380,9 @@ def test_upgrade_switches_the_model_revision_under_load_without_a_failed_request
         time.sleep(1)
         proc = playbook(*switch, timeout=500)
         if proc.returncode != 0 and "upgrade rolled back" in proc.stdout:
-            # the known gap (docs/drills.md, "A new model revision"): the serving cohort failed in the middle of
-            # the switch (CI's load and the drills' 0.5 s detection) and the upgrade rolled back; what an operator
-            # does next is run it again, and the rollback itself must have cost no request (checked below)
+            # not expected since the writer cohort goes first (docs/drills.md, "A new model revision"); should a
+            # shadow still not park under CI's load, the upgrade rolls back, the operator runs it again, and the
+            # roll back itself must have cost no request (checked below); the figure says it happened
             print(f"\n[figure] revision switch rolled back once: {tail(proc, 3)}")
             proc = playbook(*switch, timeout=500)
         time.sleep(2)

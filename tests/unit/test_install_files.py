@@ -111,6 +111,12 @@ def test_engine_files_and_the_cohorts_they_change(filters: dict) -> None:
     assert changed(plan, []) == [] and changed(plan, [dropin.format(1)]) == []  # a new directory alone
     assert changed(plan, [f"{dropin.format(2)}/model.conf", "/var/lib/shadowline/llama/engines/0"]) == [2]
     assert changed(plan, [template]) == [0, 1, 2]
+    # upgrade.yml's writer cohort alone: only its drop-ins are written, only it counts as changed
+    writer = filters["engine_files"](plan, "node1", "sha256:" + "a" * 64, [0])
+    assert [f["path"] for f in writer["files"]] == [template, f"{dropin.format(0)}/plan.conf",
+                                                    f"{dropin.format(0)}/model.conf"]
+    assert changed(plan, [template, f"{dropin.format(2)}/plan.conf"], [0]) == [0]
+    assert changed(plan, [f"{dropin.format(2)}/plan.conf"], [0]) == []
 
 
 def test_the_serving_cohort_and_the_cohorts_not_on_the_plans_command(filters: dict) -> None:
