@@ -61,7 +61,10 @@ def engine_changed_cohorts(plan: dict[str, Any], changed_paths: list[str] | None
 
 
 def _selected(plan: Plan, only: list[int] | None) -> list[int]:
-    return [c for c in plan.cohort_ids if only is None or c in {int(o) for o in only}]
+    if only is None:
+        return plan.cohort_ids
+    wanted = {int(o) for o in only}
+    return [c for c in plan.cohort_ids if c in wanted]
 
 
 def serving_cohort(plan: dict[str, Any], lock_content: str | None = None) -> int:
