@@ -48,7 +48,8 @@ def etcd_for(plan: Plan, timeout: float = 2.0, *, user: str = AGENT, password_fi
         password = read_secret(path)
     except OSError as err:
         raise EtcdError(f"cannot read the etcd password of user {user} ({path}: {err.strerror or err}); "
-                        "run the playbook again to install the deployment's secrets") from None
+                        "this host holds no copy of the deployment's secrets: run the playbook again to install "
+                        "them, or for a Slurm job, run this on one of the job's nodes") from None
     return Etcd(plan.infra.etcd_endpoints, timeout=timeout, deadline=deadline, auth=EtcdAuth(user, password))
 
 
