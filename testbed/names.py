@@ -54,7 +54,7 @@ PACKAGES = list(dict.fromkeys(line.split()[0] for line in PACKAGE_LIST.read_text
 ALWAYS_MASKED = [
     # services of the project's packages: never by themselves (--slurm enables munge and Slurm; an Ansible role
     # that runs one unmasks it first, e.g. ansible.builtin.systemd_service with masked: false)
-    "etcd.service", "etcd2.service", "nats-server.service", "postgresql.service",
+    "etcd.service", "etcd2.service", "nats-server.service", "haproxy.service", "postgresql.service",
     "munge.service", "slurmd.service", "slurmctld.service", "slurmdbd.service",
     # consoles: a getty would take the machine's terminals
     "getty@tty1.service", "console-getty.service", "getty-static.service", "serial-getty@console.service",

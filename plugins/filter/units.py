@@ -2,7 +2,7 @@
 # Copyright: shadowline contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters that turn the cohort plan (the gms_plan fact) into systemd unit names and texts, and a node's agent
-endpoint and the frontend (their URL and a client's TLS files)."""
+endpoint, an etcd member and the frontend (their URL and a client's TLS files)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any, Callable
 from ansible.errors import AnsibleFilterError
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.access import (
     agent_url,
+    etcd_tls_files,
     frontend_tls_files,
     host_tls_files,
 )
@@ -20,6 +21,7 @@ from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployme
 RENDERERS: dict[str, Callable[..., str]] = {
     "gms": units.gms_unit,
     "etcd": units.etcd_unit,
+    "etcd-proxy": units.etcd_proxy_unit,
     "nats": units.nats_unit,
     "agent": units.agent_unit,
     "firewall": firewall.firewall_unit,
@@ -60,6 +62,17 @@ def agent_endpoint(plan: dict[str, Any], host: str) -> dict[str, Any]:
     return {"url": agent_url(typed, host), "tls": host_tls_files(typed)}
 
 
+def etcd_endpoint(plan: dict[str, Any], host: str) -> dict[str, Any]:
+    """The client URL of the etcd member on infra host ``host`` and the TLS files of a client on any host of the
+    deployment ({} when etcd's clients are plain)."""
+    typed = Plan.from_dict(plan)
+    members = dict(zip(typed.infra_hosts, typed.infra.etcd_endpoints.split(",")))
+    if host not in members:
+        raise AnsibleFilterError(f"shadowline.gms.etcd_endpoint: {host} is no infra host of {typed.deployment} "
+                                 f"(etcd members: {', '.join(members)})")
+    return {"url": members[host], "tls": etcd_tls_files(typed)}
+
+
 def frontend_endpoint(plan: dict[str, Any], where: str = "host") -> dict[str, Any]:
     """The frontend's URL and, when it is HTTPS (gms_frontend_tls), a client's TLS files: a host's (``host``: on
     any host of the deployment) or the controller's (``controller``); tls is {} when plain."""
@@ -79,4 +92,4 @@ def runtime_check_argv(plan: dict[str, Any], library: str) -> list[str]:
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {"unit_name": unit_name, "unit_text": unit_text, "gms_dir": gms_dir, "agent_endpoint": agent_endpoint,
-                "frontend_endpoint": frontend_endpoint, "runtime_check_argv": runtime_check_argv}
+                "etcd_endpoint": etcd_endpoint, "frontend_endpoint": frontend_endpoint, "runtime_check_argv": runtime_check_argv}

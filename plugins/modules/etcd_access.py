@@ -16,6 +16,8 @@ description:
     C(shadowline-agent) (read-write on the deployment's coordination keys and Dynamo's discovery keys) and
     C(shadowline-dynamo) (read-write on Dynamo's discovery keys only), then turns authentication on.
   - Idempotent. Passwords are read from files on the host; none is an option, a result or a log line.
+  - Talks to etcd over TLS with the host's etcd client certificate when the plan's etcd clients use TLS (every
+    plan but a Slurm job's, unless C(gms_insecure=true)).
   - Does nothing for a plan with C(gms_insecure=true).
 options:
   plan:
@@ -58,6 +60,7 @@ changed_items:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.access import (
     ensure_etcd_auth,
+    etcd_context,
     read_secret,
 )
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.etcd_client import EtcdError
@@ -77,13 +80,14 @@ def main() -> None:
         with open(plan.security.dynamo_env, encoding="utf-8") as handle:
             env = dict(line.split("=", 1) for line in handle.read().splitlines() if "=" in line)
         passwords["dynamo"] = env["ETCD_AUTH_PASSWORD"]
+        context = etcd_context(plan)  # etcd's clients over TLS: the host's etcd client certificate
     except (OSError, KeyError) as err:
-        module.fail_json(msg=f"the deployment's etcd passwords are not installed on this host ({err}); "
-                             "run the whole playbook (the base role installs them)")
+        module.fail_json(msg=f"the deployment's etcd passwords or certificates are not installed on this host "
+                             f"({err}); run the whole playbook (the base role installs them)")
     for password in passwords.values():
         module.no_log_values.add(password)
     try:
-        changed = ensure_etcd_auth(endpoint, plan.deployment, passwords)
+        changed = ensure_etcd_auth(endpoint, plan.deployment, passwords, context=context)
     except EtcdError as err:
         module.fail_json(msg=f"could not set up etcd's authentication: {err}")
     module.exit_json(changed=bool(changed), changed_items=changed)

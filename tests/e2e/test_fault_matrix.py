@@ -51,7 +51,7 @@ d = Deployed(INSTANCE, EXTRA_VARS)
 tb = d.tb
 KEYS = Keys("demo")
 AGENT_METRICS_PORT = 8480
-PROXY_PORT = 23790
+PROXY_PORT = 23795  # beside the etcd proxy of Dynamo's processes (127.0.0.1:23790-23792)
 
 
 def etcd(user: str = "agent") -> Etcd:
@@ -548,7 +548,10 @@ def test_row14b_one_etcd_member_of_three_stopped_during_a_kill_leader(deployment
     assert down.returncode == 0, down.stdout[-2000:]
     up = d.playbook("site.yml", "-i", str(infra), timeout=900)
     assert up.returncode == 0, f"site.yml with three infra hosts failed:\n{up.stdout[-3000:]}"
-    members = d.on("node1", "etcdctl", f"--endpoints=http://{d.address}:2379", "member", "list")
+    security = d.plan().security
+    assert security is not None
+    members = d.on("node1", "etcdctl", f"--endpoints=https://{d.address}:2379", f"--cacert={security.ca}",
+                   f"--cert={security.etcd_client_cert}", f"--key={security.etcd_client_key}", "member", "list")
     assert len(members.strip().splitlines()) == 3, members
     d.assert_whole()
     before = {"agents": d.agents()}

@@ -253,8 +253,9 @@ def _nats_answer(address: str, port: int, ca: Path | None, cert: tuple[Path, Pat
 
 
 def test_control_plane_refuses_clients_without_credentials(site: Site, request: pytest.FixtureRequest) -> None:
-    """A forged slot record is refused: without credentials (from a node of the deployment and from outside it),
-    and with the engines' own identity; NATS refuses a client without TLS, one without a certificate, the
+    """etcd takes only TLS with a client certificate of the deployment's CA (plain text, no certificate and
+    another deployment's refused); a forged slot record is refused without a password and with the engines' own
+    identity (directly and through the host's etcd proxy, which reads discovery); NATS refuses a client without TLS, one without a certificate, the
     controller's certificate (no NATS user) and a host's subjects outside Dynamo's, and has refused nothing that
     the engines and the frontend sent (converge and a completion: both their identities at work)."""
     site.need("converged")
@@ -262,29 +263,47 @@ def test_control_plane_refuses_clients_without_credentials(site: Site, request: 
     refusals = nats_refusals("node0", DEPLOYMENT)
     assert not refusals, f"NATS refused the deployment's own Dynamo clients: {refusals}"
     etcd = plan["infra"]["etcd_endpoints"].split(",")[0]
+    assert etcd.startswith("https://"), etcd
     forged = f"/shadowline/{DEPLOYMENT}/slots/0"
-    rc, output = host_rc("node1", f"etcdctl --endpoints={etcd} --command-timeout=5s put {forged} forged")
-    assert rc != 0 and "user name is empty" in output, f"an unauthenticated write from node1: rc {rc} {output}"
+    secrets_dir = plan["security"]["dir"]
+    tls = f"--cacert={secrets_dir}/ca.crt --cert={secrets_dir}/etcd-client.crt --key={secrets_dir}/etcd-client.key"
+    rc, output = host_rc("node1", f"etcdctl --endpoints={etcd} {tls} --command-timeout=5s put {forged} forged")
+    assert rc != 0 and "permission denied" in output, f"a write without a password from node1: rc {rc} {output}"
     key = base64.b64encode(forged.encode()).decode()
-    status, body = http("POST", f"{etcd}/v3/kv/put", {"key": key, "value": "Zm9yZ2Vk"})
-    # from outside the deployment the firewall drops it (status 0); were it let through, etcd refuses it
-    assert status in (0, 400, 401, 403), f"an unauthenticated write from outside: {status} {body}"
-    env = dict(line.split("=", 1) for line in host_sh("node0", f"cat {plan['security']['dir']}/dynamo.env").split())
+    status, body = http("POST", etcd.replace("https://", "http://") + "/v3/kv/put", {"key": key, "value": "Zm9yZ2Vk"})
+    assert status != 200, f"etcd took a plain-text write: {status} {body}"
+    pki = Path(os.path.expanduser(plan["security"]["controller_dir"])) / "pki"
+    ca = pki / "ca.crt"
+    address, port = etcd.removeprefix("https://").rsplit(":", 1)
+    other = site.tmp / "another-deployment"  # a CA and a client certificate of another deployment
+    ensure_pki(str(other), "other", [("node1", plan["nodes"][1]["address"])], [])
+    no_certificate = _handshake(address, int(port), ca, None)
+    foreign_certificate = _handshake(address, int(port), ca, (other / "hosts/node1/etcd-client.crt",
+                                                                other / "hosts/node1/etcd-client.key"))
+    assert no_certificate.startswith("refused"), f"etcd served a client without a certificate: {no_certificate}"
+    assert foreign_certificate.startswith("refused"), f"etcd served another deployment's: {foreign_certificate}"
+    controller_certificate = (pki / "controller/etcd-client.crt", pki / "controller/etcd-client.key")
+    assert _handshake(address, int(port), ca, controller_certificate) == "ok", "etcd refused the controller's certificate"
+    env = dict(line.split("=", 1) for line in host_sh("node0", f"cat {secrets_dir}/dynamo.env").split())
     engine_auth = f"{env['ETCD_AUTH_USERNAME']}:{env['ETCD_AUTH_PASSWORD']}"
-    rc, output = host_rc("node1", f"ETCDCTL_USER='{engine_auth}' etcdctl --endpoints={etcd} --command-timeout=5s "
+    rc, output = host_rc("node1", f"ETCDCTL_USER='{engine_auth}' etcdctl --endpoints={etcd} {tls} "
+                                  f"--command-timeout=5s put {forged} forged")
+    assert rc != 0 and "permission denied" in output, f"the engines' identity wrote a slot: rc {rc} {output}"
+    # the engines' own way in, the host's etcd proxy on loopback: their identity, and no more
+    proxy = f"http://127.0.0.1:{plan['ports']['etcd_proxy']}"
+    rc, output = host_rc("node1", f"ETCDCTL_USER='{engine_auth}' etcdctl --endpoints={proxy} --command-timeout=5s "
                                   f"put {forged} forged")
     assert rc != 0 and "permission denied" in output, f"the engines' identity wrote a slot: rc {rc} {output}"
+    rc, output = host_rc("node1", f"ETCDCTL_USER='{engine_auth}' etcdctl --endpoints={proxy} --command-timeout=5s "
+                                  "get --prefix --keys-only v1/instances/")
+    assert rc == 0 and "v1/instances/" in output, f"the engines' identity cannot read discovery: rc {rc} {output}"
     address, port = plan["infra"]["nats_server"].split(",")[0].removeprefix("tls://").rsplit(":", 1)
     plain = _nats_answer(address, int(port), None)
     assert "PONG" not in plain and (plain == "" or "-ERR" in plain), f"NATS served a plain-text client: {plain!r}"
-    ca = Path(os.path.expanduser(plan["security"]["controller_dir"])) / "pki" / "ca.crt"
     anonymous = _nats_answer(address, int(port), ca)
     assert "PONG" not in anonymous, f"NATS served a client without a certificate: {anonymous!r}"
-    other = site.tmp / "another-deployment"  # a CA and a client certificate of another deployment
-    ensure_pki(str(other), "other", [("node1", plan["nodes"][1]["address"])], [])
     foreign = _nats_answer(address, int(port), ca, (other / "hosts/node1/client.crt", other / "hosts/node1/client.key"))
     assert "PONG" not in foreign, f"NATS served another deployment's certificate: {foreign!r}"
-    pki = Path(os.path.expanduser(plan["security"]["controller_dir"])) / "pki"
     controller = _nats_answer(address, int(port), ca, (pki / "controller/client.crt", pki / "controller/client.key"))
     assert "Authorization Violation" in controller, f"NATS served the controller, which is no NATS user: {controller!r}"
     node = (pki / "hosts/node1/client.crt", pki / "hosts/node1/client.key")
@@ -293,7 +312,9 @@ def test_control_plane_refuses_clients_without_credentials(site: Site, request: 
     outside = _nats_answer(address, int(port), ca, node, "SUB > 1\r\nPUB shadowline.slots 1\r\nx\r\n")
     assert 'Permissions Violation for Subscription to ">"' in outside, outside
     assert 'Permissions Violation for Publish to "shadowline.slots"' in outside, outside
-    say(request, f"control plane: etcd refused a forged slot (no credentials; engines' identity), NATS refused "
+    say(request, f"control plane: etcd refused plain text ({status}), a client without a certificate "
+                 f"({no_certificate[:60]}), another deployment's, a forged slot (no password; the engines' identity, "
+                 f"over TLS and through the etcd proxy); NATS refused "
                  f"plain text ({plain.strip()[:40] or 'closed'!r}), a client without a certificate ({anonymous[:60]!r}), "
                  f"the controller's certificate (no NATS user) and a host's subscription to everything")
 
@@ -348,7 +369,8 @@ def test_no_secret_in_output_units_logs_or_plan(site: Site) -> None:
     assert not [s for s in secrets if s in site.first.output], "a secret is in site.yml's output"
     for host in HOSTS:
         files = host_sh(host, "cat /etc/systemd/system/shadowline-demo-* /etc/systemd/system/shadowline-demo-*.d/* "
-                              f"{plan['config_dir']}/plan.json {plan['config_dir']}/*.conf 2>/dev/null; true")
+                              f"{plan['config_dir']}/plan.json {plan['config_dir']}/*.conf {plan['config_dir']}/*.cfg "
+                              "2>/dev/null; true")
         journal = host_sh(host, "journalctl --no-pager -q -o cat 2>/dev/null | tail -n 20000; true", timeout=120)
         leaked = [s[:6] + "..." for s in secrets if s in files or s in journal]
         assert not leaked, f"{host}: secrets in unit files, plan.json or the journal: {leaked}"
@@ -357,7 +379,7 @@ def test_no_secret_in_output_units_logs_or_plan(site: Site) -> None:
         for path, mode in modes.items():
             expected = "644" if path.endswith(".crt") else "600"
             assert mode.split(":")[0] == expected, f"{host}: {path} is {mode}"
-            if path.endswith(("client.key", "server.key")):
+            if os.path.basename(path) in ("client.key", "server.key", "client.pem"):  # the service user's
                 assert mode.endswith(":" + plan["service_user"]), f"{host}: {path} is {mode}"
             elif not path.endswith(".crt"):
                 assert mode.endswith(":root"), f"{host}: {path} is {mode}"
@@ -416,7 +438,8 @@ def test_firewall_keeps_outsiders_off_the_engines_ports(site: Site, request: pyt
                  f"node1 reaches {ports['system']}")
 
 
-EXPOSURE_LIMITS = {"etcd": 3.0, "nats": 3.0, "frontend": 3.0, "gms": 3.0, "engine@0": 4.0, "agent": 5.0}
+EXPOSURE_LIMITS = {"etcd": 3.0, "nats": 3.0, "frontend": 3.0, "gms": 3.0, "etcd-proxy": 3.0, "engine@0": 4.0,
+                   "agent": 5.0}
 
 
 def test_units_are_sandboxed(site: Site, request: pytest.FixtureRequest) -> None:

@@ -102,7 +102,7 @@ def test_the_shapes_are_the_ones_the_examples_promise():
     assert " nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1 python3 -m dynamo.vllm --model " in dropin
     three = preflight("three-infra").plan
     assert [h.host for h in three.infra.hosts] == ["infra01", "infra02", "infra03"]
-    assert three.infra.etcd_endpoints.count("http://") == 3
+    assert three.infra.etcd_endpoints.count("https://") == 3
 
 
 def test_the_memory_budget_refuses_the_example_on_smaller_gpus():

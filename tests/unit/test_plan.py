@@ -64,7 +64,7 @@ def test_real_backend_command_matches_contract():
     assert env["DYN_VLLM_GMS_SHADOW_MODE"] == "true"
     assert env["FAILOVER_LOCK_PATH"] == "/run/shadowline/llama/gms/failover.lock"
     assert env["GMS_SOCKET_DIR"] == "/run/shadowline/llama/gms/rev-0123456789ab"  # the revision's residency
-    assert env["ETCD_ENDPOINTS"] == "http://198.18.0.10:2379"
+    assert env["ETCD_ENDPOINTS"] == "http://127.0.0.1:23790"  # the host's etcd proxy (TLS to the member)
     assert env["NATS_SERVER"] == "tls://198.18.0.10:4222"  # TLS with the deployment's certificates
     assert env["NATS_TLS_CLIENT_KEY_PATH"] == "/etc/shadowline/llama/secrets/client.key"
     assert env["ETCD_LEASE_TTL"] == "30"
@@ -133,9 +133,10 @@ def test_three_infra_hosts_give_every_endpoint():
     contract, problems = parse_contract(hv, hosts, ["infra0", "infra1", "infra2"])
     assert not problems and contract is not None
     plan = build_plan(contract)
-    assert plan.infra.etcd_endpoints == "http://198.18.1.1:2379,http://198.18.1.2:2379,http://198.18.1.3:2379"
-    assert plan.cohort(0).ranks[0].process.env["ETCD_ENDPOINTS"] == "http://198.18.1.1:2379"  # one member (security.py)
-    assert plan.cohort(1).ranks[1].process.env["ETCD_ENDPOINTS"] == "http://198.18.1.2:2379"
+    assert plan.infra.etcd_endpoints == "https://198.18.1.1:2379,https://198.18.1.2:2379,https://198.18.1.3:2379"
+    # one member (test_security.py), through the host's etcd proxy: a loopback port per member
+    assert plan.cohort(0).ranks[0].process.env["ETCD_ENDPOINTS"] == "http://127.0.0.1:23790"
+    assert plan.cohort(1).ranks[1].process.env["ETCD_ENDPOINTS"] == "http://127.0.0.1:23791"
     assert plan.infra.frontend.host == "infra0"
     assert flag(plan.infra.frontend.argv, "--migration-limit") == "3"
 

@@ -16,6 +16,7 @@ import pytest
 from shadowline.deployment import units
 from shadowline.deployment.contract import parse_contract
 from shadowline.deployment.plan import Plan, build_plan
+from shadowline.deployment.ports import port_uses
 from shadowline.deployment.secrets import ensure_secrets, host_files
 
 from .helpers import hostvars
@@ -85,7 +86,8 @@ def test_secrets_are_private_and_never_in_the_plan_or_a_unit(tmp_path: Path):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
     secrets = [p.read_text().strip() for p in root.rglob("*.password")]
     secrets += [p.read_text() for p in root.rglob("*.key")]
-    assert len(secrets) == 3 + 1 + 3 + 1 + 3  # passwords; CA key; 3 client keys; controller; 3 server keys
+    # passwords; CA key; 3 client keys; the controller's; 3 server keys; 3 + 1 etcd client keys (hosts, controller)
+    assert len(secrets) == 3 + 1 + 3 + 1 + 3 + 4
     rendered = str(plan.to_dict()) + "".join(all_units(plan).values())
     assert not [s for s in secrets if s.strip() in rendered]
     files = {f["dest"].rsplit("/", 1)[1]: f for f in host_files(plan, "node0")}
@@ -104,7 +106,8 @@ def test_a_host_certificate_follows_its_address(tmp_path: Path):
     hv["node1"]["ansible_host"] = "198.18.0.99"
     contract, _unused = parse_contract(hv, hosts)
     again = ensure_secrets(build_plan(contract))
-    assert sorted(os.path.basename(os.path.dirname(p)) for p in again) == ["node1"] * 4  # client and server
+    # client and server (certificate and key), and the client's in one file for the etcd proxy
+    assert sorted(os.path.basename(os.path.dirname(p)) for p in again) == ["node1"] * 5
 
 
 def test_a_certificate_of_another_deployment_is_issued_again(tmp_path: Path):
@@ -332,14 +335,15 @@ def test_each_dynamo_client_gets_one_member_of_each_cluster():
     for cohort in range(3):
         envs = [r.process.env for r in plan.cohort(cohort).ranks]
         assert {e["NATS_SERVER"] for e in envs} == {f"tls://198.18.0.{50 + cohort}:4222"}
-        assert {e["ETCD_ENDPOINTS"] for e in envs} == {f"http://198.18.0.{50 + cohort}:2379"}
+        assert {e["ETCD_ENDPOINTS"] for e in envs} == {f"http://127.0.0.1:{23790 + cohort}"}  # its etcd proxy
     assert plan.infra.frontend.env["NATS_SERVER"] == "tls://198.18.0.50:4222"
-    assert plan.infra.frontend.env["ETCD_ENDPOINTS"] == "http://198.18.0.50:2379"
-    assert plan.infra.etcd_endpoints.count("http://") == 3
+    assert plan.infra.frontend.env["ETCD_ENDPOINTS"] == "http://127.0.0.1:23790"
+    assert plan.infra.etcd_endpoints.count("https://") == 3
     hv_insecure = {h: {**v, "gms_insecure": True} if h in hosts else v for h, v in hv.items()}
     contract, _unused = parse_contract(hv_insecure, hosts, infra)
     assert contract is not None
     assert build_plan(contract).cohort(1).ranks[0].process.env["NATS_SERVER"] == "nats://198.18.0.51:4222"
+    assert build_plan(contract).cohort(1).ranks[0].process.env["ETCD_ENDPOINTS"] == "http://198.18.0.51:2379"
 
 
 def test_frontend_allow_keeps_the_frontend_to_its_sources(tmp_path: Path):
@@ -363,9 +367,9 @@ def test_frontend_allow_keeps_the_frontend_to_its_sources(tmp_path: Path):
         assert proc.returncode == 0, proc.stderr
 
 
-def test_etcd_peers_talk_tls_unless_insecure():
-    """Peer TLS with client certificates of the deployment's CA (three members); clients stay plain HTTP with
-    authentication (Dynamo 1.6.1's etcd client has no TLS)."""
+def test_etcd_peers_and_clients_talk_tls_unless_insecure():
+    """Peer TLS and client TLS, each with client certificates of the deployment's CA required (three members);
+    plain with gms_insecure, and a Slurm job's clients plain (no etcd proxy on its nodes)."""
     hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16})
     for i in range(3):
         hv[f"infra{i}"] = {"ansible_host": f"198.18.0.{50 + i}"}
@@ -375,10 +379,46 @@ def test_etcd_peers_talk_tls_unless_insecure():
     assert argv[argv.index("--listen-peer-urls") + 1] == "https://198.18.0.51:2380"
     assert "infra0=https://198.18.0.50:2380" in argv[argv.index("--initial-cluster") + 1]
     assert argv[argv.index("--peer-trusted-ca-file") + 1] == plan.security.ca and "--peer-client-cert-auth" in argv
-    assert argv[argv.index("--listen-client-urls") + 1].startswith("http://")
+    assert argv[argv.index("--listen-client-urls") + 1] == "https://198.18.0.51:2379"
+    assert argv[argv.index("--advertise-client-urls") + 1] == "https://198.18.0.51:2379"
+    assert argv[argv.index("--trusted-ca-file") + 1] == plan.security.ca and "--client-cert-auth" in argv
+    assert argv[argv.index("--cert-file") + 1] == plan.security.server_cert
     insecure = build_plan(parse_contract({h: {**v, "gms_insecure": True} if h in hosts else v for h, v in hv.items()},
                                          hosts, ["infra0", "infra1", "infra2"])[0])
     assert "--peer-client-cert-auth" not in insecure.infra.etcd[1].argv
+    assert "--client-cert-auth" not in insecure.infra.etcd[1].argv and not insecure.infra.etcd_proxies
+    assert insecure.infra.etcd_endpoints.count("http://") == 3
+    job = build_plan(contract, etcd_tls=False)  # a Slurm job's
+    assert job.secure and not job.etcd_tls and not job.infra.etcd_proxies
+    assert "--client-cert-auth" not in job.infra.etcd[1].argv and job.infra.etcd_endpoints.count("http://") == 3
+    assert job.cohort(1).ranks[0].process.env["ETCD_ENDPOINTS"] == "http://198.18.0.51:2379"
+
+
+def test_every_host_gets_an_etcd_proxy_to_every_member():
+    """Dynamo's processes reach etcd through their host's HAProxy: on loopback a port per member, TLS to the
+    member with the host's client certificate and ALPN h2 (etcd's gRPC wants it), the member's certificate
+    checked against the deployment's CA and its host name. Its unit runs as the service user, hardened; the
+    engines and the frontend want it."""
+    hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16})
+    for i in range(3):
+        hv[f"infra{i}"] = {"ansible_host": f"198.18.0.{50 + i}"}
+    contract, _unused = parse_contract(hv, hosts, ["infra0", "infra1", "infra2"])
+    plan = build_plan(contract)
+    assert [p.host for p in plan.infra.etcd_proxies] == [*hosts, "infra0", "infra1", "infra2"]
+    proxy = plan.infra.etcd_proxies[1]
+    (path, config), = proxy.files.items()
+    assert proxy.argv == ("/usr/sbin/haproxy", "-db", "-f", path) and path == f"{plan.config_dir}/etcd-proxy.cfg"
+    for i in range(3):
+        assert f"    bind 127.0.0.1:{23790 + i}\n" in config
+        assert (f"server member-{i} 198.18.0.{50 + i}:2379 ssl verify required ca-file {plan.security.ca} "
+                f"crt {plan.security.client_pem} alpn h2 verifyhost infra{i}\n") in config
+    assert "bind 0.0.0.0" not in config and "bind *" not in config
+    unit = units.etcd_proxy_unit(plan, hosts[1])
+    assert f"User={plan.service_user}" in unit and "CapabilityBoundingSet=\n" in unit
+    assert f"Wants=network-online.target {plan.unit_name('gms')} {plan.unit_name('etcd-proxy')}" in \
+        units.engine_template(plan)
+    assert f"Wants={plan.unit_name('etcd-proxy')}" in units.frontend_unit(plan)
+    assert {use.port for use in port_uses(plan.ports, 2) if use.field == "gms_ports.etcd_proxy"} == {23790, 23791, 23792}
 
 
 # -- gms_frontend_tls ----------------------------------------------------------------------------------------- #

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..deployment.plan import Plan
 from .etcd_client import Etcd, EtcdAuth, EtcdError, prefix_end
-from .http import open_direct
+from .http import direct_opener
 
 DISCOVERY_PREFIX = "v1/"  # every key Dynamo 1.6.1 writes (instances, model cards, event channels)
 AGENT, DYNAMO, ROOT = "agent", "dynamo", "root"
@@ -36,13 +36,40 @@ def read_secret(path: str) -> str:
         return handle.read().strip()
 
 
+def etcd_tls_files(plan: Plan, on_controller: bool = False) -> dict[str, str]:
+    """What a client of etcd over TLS needs: the deployment's CA and an etcd client certificate (without a common
+    name, pki.py says why) - a host's own or, ``on_controller``, the controller's; {} when etcd is plain."""
+    security = plan.security
+    if not plan.etcd_tls or security is None:
+        return {}
+    if on_controller:
+        pki = os.path.join(security.controller_path, "pki")
+        return {"ca": os.path.join(pki, "ca.crt"), "cert": os.path.join(pki, "controller", "etcd-client.crt"),
+                "key": os.path.join(pki, "controller", "etcd-client.key")}
+    return {"ca": security.ca, "cert": security.etcd_client_cert, "key": security.etcd_client_key}
+
+
+def etcd_context(plan: Plan, on_controller: bool = False) -> ssl.SSLContext | None:
+    """The TLS context of a client of the deployment's etcd (None when its clients are plain)."""
+    files = etcd_tls_files(plan, on_controller)
+    return client_context(files["ca"], files["cert"], files["key"]) if files else None
+
+
 def etcd_for(plan: Plan, timeout: float = 2.0, *, user: str = AGENT, password_file: str | None = None,
-             deadline: float = 3.0) -> Etcd:
+             deadline: float = 3.0, on_controller: bool = False) -> Etcd:
     """The deployment's etcd as ``user`` (the agent's identity by default), password from the host's secrets
-    directory (or ``password_file``, e.g. on the controller); no credentials for an insecure plan. ``timeout`` per
-    endpoint, ``deadline`` per call (etcd_client.Etcd)."""
+    directory (or ``password_file``, e.g. on the controller), over TLS with the host's etcd client certificate
+    (the controller's, ``on_controller``); no credentials for an insecure plan. ``timeout`` per endpoint,
+    ``deadline`` per call (etcd_client.Etcd)."""
     if not plan.secure or plan.security is None:
         return Etcd(plan.infra.etcd_endpoints, timeout=timeout, deadline=deadline)
+    files = etcd_tls_files(plan, on_controller)
+    try:
+        context = client_context(files["ca"], files["cert"], files["key"]) if files else None
+    except (OSError, ssl.SSLError) as err:
+        raise EtcdError(f"cannot read the etcd client certificate ({files['cert']}, its key or the CA: "
+                        f"{getattr(err, 'strerror', None) or err}); run the playbook again to install the "
+                        "deployment's secrets") from None
     path = password_file or plan.security.password_file(user)
     try:
         password = read_secret(path)
@@ -50,7 +77,8 @@ def etcd_for(plan: Plan, timeout: float = 2.0, *, user: str = AGENT, password_fi
         raise EtcdError(f"cannot read the etcd password of user {user} ({path}: {err.strerror or err}); "
                         "this host holds no copy of the deployment's secrets: run the playbook again to install "
                         "them, or for a Slurm job, run this on one of the job's nodes") from None
-    return Etcd(plan.infra.etcd_endpoints, timeout=timeout, deadline=deadline, auth=EtcdAuth(user, password))
+    return Etcd(plan.infra.etcd_endpoints, timeout=timeout, deadline=deadline, ssl_context=context,
+                auth=EtcdAuth(user, password, context))
 
 
 def controller_etcd(plan: Plan, timeout: float = 2.0, deadline: float = 3.0, user: str = AGENT) -> Etcd:
@@ -60,7 +88,7 @@ def controller_etcd(plan: Plan, timeout: float = 2.0, deadline: float = 3.0, use
     if not plan.secure or plan.security is None:
         return etcd_for(plan, timeout, deadline=deadline)
     password_file = os.path.join(plan.security.controller_path, f"etcd-{user}.password")
-    return etcd_for(plan, timeout, user=user, password_file=password_file, deadline=deadline)
+    return etcd_for(plan, timeout, user=user, password_file=password_file, deadline=deadline, on_controller=True)
 
 
 def etcd_from_env(timeout: float = 2.0, environ: dict[str, str] | None = None) -> Etcd | None:
@@ -75,12 +103,13 @@ def etcd_from_env(timeout: float = 2.0, environ: dict[str, str] | None = None) -
 
 # -- setting up access (the etcd role, on one infra host) ------------------------------------------------------ #
 
-def _post(endpoint: str, path: str, body: dict[str, Any], token: str | None, timeout: float) -> dict[str, Any]:
+def _post(endpoint: str, path: str, body: dict[str, Any], token: str | None, timeout: float,
+          context: ssl.SSLContext | None = None) -> dict[str, Any]:
     headers = {"Content-Type": "application/json", **({"Authorization": token} if token else {})}
     request = urllib.request.Request(endpoint.rstrip("/") + path, data=json.dumps(body).encode(), method="POST",
                                      headers=headers)
     try:
-        with open_direct(request, timeout) as response:
+        with direct_opener(context)(request, timeout) as response:
             return json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as err:
         try:
@@ -98,23 +127,24 @@ def _b64(data: str | bytes) -> str:
     return base64.b64encode(data.encode() if isinstance(data, str) else data).decode("ascii")
 
 
-def _authenticates(endpoint: str, user: str, password: str, timeout: float) -> bool:
+def _authenticates(endpoint: str, user: str, password: str, timeout: float, context: ssl.SSLContext | None) -> bool:
     """Does etcd take this user's password as it is?"""
     try:
-        _post(endpoint, "/v3/auth/authenticate", {"name": user, "password": password}, None, timeout)
+        _post(endpoint, "/v3/auth/authenticate", {"name": user, "password": password}, None, timeout, context)
     except EtcdError:
         return False
     return True
 
 
-def _role_grants(endpoint: str, role: str, token: str | None, timeout: float) -> set[tuple[str, str]]:
+def _role_grants(endpoint: str, role: str, token: str | None, timeout: float,
+                 context: ssl.SSLContext | None) -> set[tuple[str, str]]:
     """The (key, range_end) of the role's read-write permissions, base64 as etcd's JSON gateway gives them."""
-    perms = _post(endpoint, "/v3/auth/role/get", {"role": role}, token, timeout).get("perm") or []
+    perms = _post(endpoint, "/v3/auth/role/get", {"role": role}, token, timeout, context).get("perm") or []
     return {(p.get("key", ""), p.get("range_end", "")) for p in perms if p.get("permType") == "READWRITE"}
 
 
-def _user_roles(endpoint: str, user: str, token: str | None, timeout: float) -> set[str]:
-    return set(_post(endpoint, "/v3/auth/user/get", {"name": user}, token, timeout).get("roles") or [])
+def _user_roles(endpoint: str, user: str, token: str | None, timeout: float, context: ssl.SSLContext | None) -> set[str]:
+    return set(_post(endpoint, "/v3/auth/user/get", {"name": user}, token, timeout, context).get("roles") or [])
 
 
 def role_permissions(deployment: str) -> dict[str, list[str]]:
@@ -122,58 +152,60 @@ def role_permissions(deployment: str) -> dict[str, list[str]]:
     return {AGENT: [f"/shadowline/{deployment}/", DISCOVERY_PREFIX], DYNAMO: [DISCOVERY_PREFIX]}
 
 
-def ensure_etcd_auth(endpoint: str, deployment: str, passwords: dict[str, str], timeout: float = 5.0) -> list[str]:
+def ensure_etcd_auth(endpoint: str, deployment: str, passwords: dict[str, str], timeout: float = 5.0,
+                     context: ssl.SSLContext | None = None) -> list[str]:
     """Users root, agent and dynamo with their roles and passwords, then authentication on; what changed.
 
     Idempotent: when authentication is already on, root's token is used to bring users, passwords and
-    permissions to what they must be (a rotated password is set again). ``passwords`` maps user to password.
+    permissions to what they must be (a rotated password is set again). ``passwords`` maps user to password;
+    ``context``: the TLS of an https:// endpoint (etcd_context).
     """
     changed: list[str] = []
     try:
         token = _post(endpoint, "/v3/auth/authenticate", {"name": ROOT, "password": passwords[ROOT]}, None,
-                      timeout)["token"]
+                      timeout, context)["token"]
         enabled = True
     except EtcdError as err:
         if "authentication is not enabled" not in str(err):
             raise
         token, enabled = None, False
-    users = set(_post(endpoint, "/v3/auth/user/list", {}, token, timeout).get("users") or [])
-    roles = set(_post(endpoint, "/v3/auth/role/list", {}, token, timeout).get("roles") or [])
+    users = set(_post(endpoint, "/v3/auth/user/list", {}, token, timeout, context).get("users") or [])
+    roles = set(_post(endpoint, "/v3/auth/role/list", {}, token, timeout, context).get("roles") or [])
     for user in (ROOT, AGENT, DYNAMO):
         if user not in users:
-            _post(endpoint, "/v3/auth/user/add", {"name": user, "password": passwords[user]}, token, timeout)
+            _post(endpoint, "/v3/auth/user/add", {"name": user, "password": passwords[user]}, token, timeout, context)
             changed.append(f"user {user}")
         elif user != ROOT or not enabled:
             # only a password that differs: etcd drops every token of a user whose password is set, even to the
             # same value, and a Dynamo runtime holding one (a parked shadow) then fails to register at its wake
-            if not (enabled and _authenticates(endpoint, user, passwords[user], timeout)):
-                _post(endpoint, "/v3/auth/user/changepw", {"name": user, "password": passwords[user]}, token, timeout)
+            if not (enabled and _authenticates(endpoint, user, passwords[user], timeout, context)):
+                _post(endpoint, "/v3/auth/user/changepw", {"name": user, "password": passwords[user]}, token, timeout, context)
     # grants only where missing: each one is a change of etcd's auth store (its auth revision), which makes etcd
     # refuse requests under the older revision, for a moment, to every client
     if ROOT not in roles:
-        _post(endpoint, "/v3/auth/role/add", {"name": ROOT}, token, timeout)
-    if ROOT not in _user_roles(endpoint, ROOT, token, timeout):
-        _post(endpoint, "/v3/auth/user/grant", {"user": ROOT, "role": ROOT}, token, timeout)
+        _post(endpoint, "/v3/auth/role/add", {"name": ROOT}, token, timeout, context)
+    if ROOT not in _user_roles(endpoint, ROOT, token, timeout, context):
+        _post(endpoint, "/v3/auth/user/grant", {"user": ROOT, "role": ROOT}, token, timeout, context)
         changed.append(f"user {ROOT}: role {ROOT}")
     for role, prefixes in role_permissions(deployment).items():
         name = f"shadowline-{role}"
         granted: set[tuple[str, str]] = set()
         if name not in roles:
-            _post(endpoint, "/v3/auth/role/add", {"name": name}, token, timeout)
+            _post(endpoint, "/v3/auth/role/add", {"name": name}, token, timeout, context)
             changed.append(f"role {name}")
         else:
-            granted = _role_grants(endpoint, name, token, timeout)
+            granted = _role_grants(endpoint, name, token, timeout, context)
         for prefix in prefixes:
             if (_b64(prefix), _b64(prefix_end(prefix))) not in granted:
                 _post(endpoint, "/v3/auth/role/grant", {"name": name, "perm": {
                     "permType": "READWRITE", "key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}},
-                    token, timeout)
+                    token, timeout, context)
                 changed.append(f"role {name}: {prefix}")
-        if name not in _user_roles(endpoint, role, token, timeout):
-            _post(endpoint, "/v3/auth/user/grant", {"user": role, "role": name}, token, timeout)
+        if name not in _user_roles(endpoint, role, token, timeout, context):
+            _post(endpoint, "/v3/auth/user/grant", {"user": role, "role": name}, token, timeout, context)
             changed.append(f"user {role}: role {name}")
     if not enabled:
-        _post(endpoint, "/v3/auth/enable", {}, None, timeout)
+        _post(endpoint, "/v3/auth/enable", {}, None, timeout, context)
         changed.append("authentication enabled")
     return changed
 

@@ -416,8 +416,14 @@ def _revision(answer: dict[str, Any]) -> int:
 
 
 def _error_body(err: urllib.error.HTTPError) -> dict[str, Any]:
+    """etcd's JSON error, or its text as the message (the gateway answers some refusals in plain text, e.g. a
+    client certificate with a common name while authentication is on)."""
     try:
-        data = json.loads(err.read() or b"{}")
-        return data if isinstance(data, dict) else {}
-    except (ValueError, OSError):
+        body = err.read() or b"{}"
+    except OSError:
         return {}
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return {"message": body.decode("utf-8", "replace").strip()[:300]}
+    return data if isinstance(data, dict) else {}

@@ -37,6 +37,9 @@ DEFAULT_PORTS: dict[str, int] = {
     "nats_monitor": 8222,
     "nats_cluster": 6222,
     "agent_metrics": 8480,
+    # every host, on loopback: the etcd proxy that gives Dynamo's engines and frontend etcd over TLS (Dynamo 1.6.1's
+    # etcd client has no TLS); one port per etcd member from this one (deployment/plan.py, etcd_proxy)
+    "etcd_proxy": 23790,
 }
 DEFAULT_MODEL: dict[str, Any] = {"id": None, "revision": None, "source": None, "local_dir": None, "format": DEFAULT_FORMAT}
 DEFAULT_ENGINE: dict[str, Any] = {
@@ -90,7 +93,8 @@ MONITORING_MODES = ["server", "targets", "none"]
 DEFAULT_COHORTS = 2
 # Where the infra hosts' servers are (gms_binaries): the paths of Debian's and Ubuntu's etcd-server and nats-server
 # packages; another packaging (or a binary from upstream's releases) sets them (docs/gpu-cluster.md, Platforms).
-DEFAULT_BINARIES: dict[str, str] = {"etcd": "/usr/bin/etcd", "nats_server": "/usr/sbin/nats-server"}
+DEFAULT_BINARIES: dict[str, str] = {"etcd": "/usr/bin/etcd", "nats_server": "/usr/sbin/nats-server",
+                                    "haproxy": "/usr/sbin/haproxy"}
 DEFAULT_PYTHON = "/opt/shadowline/{deployment}/venv/bin/python"
 STATE_DIR = "/var/lib/shadowline/{deployment}"  # etcd and NATS data, the frontend's HOME, event logs
 CONFIG_DIR = "/etc/shadowline/{deployment}"
@@ -139,6 +143,7 @@ class Ports:
     nats_monitor: int
     nats_cluster: int
     agent_metrics: int
+    etcd_proxy: int = DEFAULT_PORTS["etcd_proxy"]  # a default: plans written before it had none
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,7 @@ class Memory:
 class Binaries:
     etcd: str = DEFAULT_BINARIES["etcd"]
     nats_server: str = DEFAULT_BINARIES["nats_server"]
+    haproxy: str = DEFAULT_BINARIES["haproxy"]  # every host: the etcd proxy of Dynamo's processes (plan.py)
 
 
 @dataclass(frozen=True)
@@ -726,6 +732,7 @@ PATH_EXAMPLES = {
     "gms_model.local_dir": "/var/lib/shadowline/models/<name>/<revision>",
     "gms_binaries.etcd": DEFAULT_BINARIES["etcd"],
     "gms_binaries.nats_server": DEFAULT_BINARIES["nats_server"],
+    "gms_binaries.haproxy": DEFAULT_BINARIES["haproxy"],
 }
 
 

@@ -10,7 +10,8 @@ there is one, ``node`` and ``cohort``):
   client certificate of the deployment's CA unless insecure (control/access.py: the endpoint requires one).
 - ``shadowline-frontend``: the Dynamo frontend's HTTP port (/metrics on the OpenAI port; https with
   gms_frontend_tls).
-- ``shadowline-etcd``: every etcd member's client port (/metrics).
+- ``shadowline-etcd``: every etcd member's client port (/metrics), over TLS with the same client certificate
+  unless insecure (etcd requires one of every client).
 - ``shadowline-nats``: every NATS server's client port, probed by the blackbox exporter (a TCP connect that
   must read NATS's ``INFO`` greeting): NATS serves only JSON monitoring (/varz, on loopback) and Debian
   packages no NATS Prometheus exporter.
@@ -89,7 +90,7 @@ def scrape_configs(plan: Plan) -> list[dict[str, Any]]:
         }
         if job == "shadowline-agent":
             config["honor_labels"] = True  # the agent's own deployment and node labels, not exported_*
-        https = (job == "shadowline-agent" and plan.secure) or \
+        https = (job == "shadowline-agent" and plan.secure) or (job == "shadowline-etcd" and plan.etcd_tls) or \
             (job == "shadowline-frontend" and plan.security is not None and plan.security.frontend_https)
         if https and plan.security is not None:  # TLS with a client certificate of the deployment's CA
             config["scheme"] = "https"
@@ -131,7 +132,7 @@ def scrape_configs_snippet(plan: Plan) -> str:
     lines = [f"# shadowline {plan.deployment}: add these entries under scrape_configs: of your prometheus.yml,",
              "# and the alert rules beside them under rule_files:. The shadowline-nats job needs a blackbox",
              f"# exporter on 127.0.0.1 with the module {NATS_PROBE_MODULE} of blackbox.yml here. The",
-             "# shadowline-agent job's tls_config names this host's CA and client certificate: a Prometheus",
+             "# shadowline-agent and shadowline-etcd jobs' tls_config names this host's CA and client certificate: a Prometheus",
              "# elsewhere needs a client certificate of the deployment's CA (docs/monitoring.md).",
              json.dumps(scrape_configs(plan), indent=2)]
     return "\n".join(lines) + "\n"

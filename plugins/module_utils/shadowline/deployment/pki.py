@@ -9,7 +9,9 @@ issued again when it is missing, when its names no longer match the host's addre
 another deployment, when the CA changed, or when it expires within 30 days. Needs the ``cryptography`` package
 on the controller (ansible-core's own dependency).
 
-Layout of ``pki_dir``: ``ca.crt``, ``ca.key``, ``hosts/<host>/{client,server}.{crt,key}``, ``controller/client.*``.
+Layout of ``pki_dir``: ``ca.crt``, ``ca.key``, ``hosts/<host>/{client,server,etcd-client}.{crt,key}``,
+``hosts/<host>/client.pem`` (the client certificate and key in one file, for HAProxy), and
+``controller/{client,etcd-client}.*``.
 """
 
 from __future__ import annotations
@@ -22,22 +24,25 @@ from dataclasses import dataclass
 CA_DAYS = 3650
 LEAF_DAYS = 397
 RENEW_BEFORE = datetime.timedelta(days=30)
-CLIENT, SERVER = "client", "server"
+CLIENT, SERVER, ETCD_CLIENT = "client", "server", "etcd-client"
 
 
 @dataclass(frozen=True)
 class Subject:
-    """One certificate to issue: who it names (``cn``), for what (client or server), with which names."""
+    """One certificate to issue: who it names (``cn``; empty: an etcd client certificate, named by its
+    organizational unit), for what (client, server or etcd-client), with which names."""
     directory: str  # relative to pki_dir: hosts/<host> or controller
-    kind: str  # client | server
+    kind: str  # client | server | etcd-client
     cn: str
     dns: tuple[str, ...] = ()
     ips: tuple[str, ...] = ()
 
 
 def subjects(deployment: str, hosts: list[tuple[str, str]], infra: list[tuple[str, str]]) -> list[Subject]:
-    """What a deployment needs: a client certificate per host (and the controller), a server one per host (NATS on
-    the infra hosts, the agents' endpoint on the nodes)."""
+    """What a deployment needs: a client certificate per host (and the controller), a server one per host (etcd
+    and NATS on the infra hosts, the agents' endpoint on the nodes), and an etcd client certificate per host (and
+    the controller) without a common name: etcd 3.4's JSON gateway, which the agents, the modules and the
+    controller's tools use, refuses a client certificate with one while authentication is on."""
     out = []
     for host, address in dict.fromkeys(hosts + infra):
         names = _names(host, address)
@@ -46,6 +51,8 @@ def subjects(deployment: str, hosts: list[tuple[str, str]], infra: list[tuple[st
         dns, ips = _names(host, address)
         out.append(Subject(f"hosts/{host}", SERVER, common_name(deployment, host), dns, ips + ("127.0.0.1",)))
     out.append(Subject("controller", CLIENT, common_name(deployment, "controller")))
+    out += [Subject(f"hosts/{host}", ETCD_CLIENT, "") for host, _unused in dict.fromkeys(hosts + infra)]
+    out.append(Subject("controller", ETCD_CLIENT, ""))
     return out
 
 
@@ -133,27 +140,42 @@ def ensure_pki(pki_dir: str, deployment: str, hosts: list[tuple[str, str]], infr
         cert_path = os.path.join(directory, f"{subject.kind}.crt")
         key_path = os.path.join(directory, f"{subject.kind}.key")
         sans = [x509.DNSName(d) for d in subject.dns] + [x509.IPAddress(ipaddress.ip_address(i)) for i in subject.ips]
-        name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization(deployment)),
-                          x509.NameAttribute(NameOID.COMMON_NAME, subject.cn)])
-        if _current(cert_path, key_path, ca_cert, name, sans, now):
-            continue
-        key = ec.generate_private_key(ec.SECP256R1())
-        usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
-        if subject.kind == SERVER:
-            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-        builder = (x509.CertificateBuilder()
-                   .subject_name(name)
-                   .issuer_name(ca_cert.subject).public_key(key.public_key())
-                   .serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5))
-                   .not_valid_after(now + datetime.timedelta(days=LEAF_DAYS))
-                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                   .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        save_key(key_path, key)
-        save_cert(cert_path, builder.sign(ca_key, hashes.SHA256()))
+        last = (x509.NameAttribute(NameOID.COMMON_NAME, subject.cn) if subject.cn else
+                x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, os.path.basename(subject.directory)))
+        name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization(deployment)), last])
+        if not _current(cert_path, key_path, ca_cert, name, sans, now):
+            key = ec.generate_private_key(ec.SECP256R1())
+            usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+            if subject.kind == SERVER:
+                usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+            builder = (x509.CertificateBuilder()
+                       .subject_name(name)
+                       .issuer_name(ca_cert.subject).public_key(key.public_key())
+                       .serial_number(x509.random_serial_number())
+                       .not_valid_before(now - datetime.timedelta(minutes=5))
+                       .not_valid_after(now + datetime.timedelta(days=LEAF_DAYS))
+                       .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                       .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
+            if sans:
+                builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            save_key(key_path, key)
+            save_cert(cert_path, builder.sign(ca_key, hashes.SHA256()))
+        if subject.kind == CLIENT and subject.directory.startswith("hosts/"):
+            written += _ensure_pem(os.path.join(directory, "client.pem"), cert_path, key_path)
     return written
+
+
+def _ensure_pem(pem_path: str, cert_path: str, key_path: str) -> list[str]:
+    """The certificate and its key in one file (0600), as HAProxy (a host's etcd proxy) reads them; [pem_path]
+    when written."""
+    with open(cert_path, "rb") as cert_file, open(key_path, "rb") as key_file:
+        pem = cert_file.read() + key_file.read()
+    if os.path.exists(pem_path):
+        with open(pem_path, "rb") as handle:
+            if handle.read() == pem:
+                return []
+    _write(pem_path, pem, 0o600)
+    return [pem_path]
 
 
 def _current(cert_path: str, key_path: str, ca_cert: object, name: object, sans: list[object],

@@ -87,8 +87,10 @@ class Security:
     """How the deployment's control plane is closed (docs/security.md); the paths are on every host.
 
     etcd: role-based access with a password per identity (agents: the deployment's coordination keys and
-    Dynamo's discovery keys; Dynamo's engines and frontend: the discovery keys only). Dynamo 1.6.1's etcd client
-    has no TLS (an https:// endpoint fails with HttpsUriWithoutTlsSupport), so etcd's transport stays plain.
+    Dynamo's discovery keys; Dynamo's engines and frontend: the discovery keys only), and with ``etcd_tls`` client
+    TLS with certificates of the deployment's CA required. Dynamo 1.6.1's etcd client has no TLS (an https://
+    endpoint fails with HttpsUriWithoutTlsSupport): its processes reach etcd through a TLS proxy on their host's
+    loopback (``etcd_proxy``). A Slurm job's etcd stays plain (its nodes may have no stunnel).
     NATS: TLS with client certificates of the deployment's CA, required of every client; each host's certificate
     is a NATS user allowed Dynamo's subjects only (nats_authorization).
     ``insecure`` (gms_insecure: true): neither; every run warns. No secret is in the plan: only file paths.
@@ -99,6 +101,11 @@ class Security:
     firewall_allow: tuple[str, ...] = ()  # gms_firewall_allow: sources the host firewall lets in besides the hosts
     frontend_allow: tuple[str, ...] = ()  # gms_frontend_allow: who may reach the frontend's port (empty: anyone)
     frontend_tls: str = FRONTEND_TLS_PLAIN  # gms_frontend_tls: plain, tls, mutual
+    etcd_tls: bool = False  # etcd's clients over TLS (every plan build_plan makes but a Slurm job's; older plans)
+
+    @property
+    def etcd_https(self) -> bool:
+        return not self.insecure and self.etcd_tls
 
     @property
     def frontend_https(self) -> bool:
@@ -134,6 +141,22 @@ class Security:
         return f"{self.dir}/server.key"
 
     @property
+    def etcd_client_cert(self) -> str:
+        """The certificate the host's own etcd clients (the agent, the modules) present: one without a common name,
+        since etcd 3.4's JSON gateway refuses a client certificate with one while authentication is on
+        (``CommonName of client sending a request against gateway will be ignored``)."""
+        return f"{self.dir}/etcd-client.crt"
+
+    @property
+    def etcd_client_key(self) -> str:
+        return f"{self.dir}/etcd-client.key"
+
+    @property
+    def client_pem(self) -> str:
+        """The host's client certificate and key in one file, as HAProxy (the etcd proxy) reads them."""
+        return f"{self.dir}/client.pem"
+
+    @property
     def dynamo_env(self) -> str:
         """EnvironmentFile of the engines and the frontend: ETCD_AUTH_USERNAME/PASSWORD (root 0600; systemd reads it)."""
         return f"{self.dir}/dynamo.env"
@@ -163,6 +186,7 @@ class InfraPlan:
     frontend: Process
     etcd: tuple[Process, ...]  # one member per infra host
     nats: tuple[Process, ...]  # one server per infra host (a JetStream cluster with 3)
+    etcd_proxies: tuple[Process, ...] = ()  # one per host of the deployment when etcd's clients use TLS
 
 
 @dataclass(frozen=True)
@@ -196,6 +220,12 @@ class Plan:
     def secure(self) -> bool:
         """Whether etcd wants credentials and NATS TLS (the default; gms_insecure: true turns both off)."""
         return self.security is not None and not self.security.insecure
+
+    @property
+    def etcd_tls(self) -> bool:
+        """Whether etcd's clients connect over TLS with a certificate of the deployment's CA (every secure plan
+        but a Slurm job's)."""
+        return self.security is not None and self.security.etcd_https
 
     # --- the one boundary: data for Ansible (the gms_plan fact, plan.json) and back ---------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -397,7 +427,8 @@ def _plan_from_dict(data: dict[str, Any]) -> Plan:
         infra=InfraPlan(hosts=tuple(_node(n) for n in infra["hosts"]), etcd_endpoints=infra["etcd_endpoints"],
                         nats_server=infra["nats_server"], frontend_url=infra["frontend_url"],
                         frontend=_process(infra["frontend"]), etcd=tuple(_process(p) for p in infra["etcd"]),
-                        nats=tuple(_process(p) for p in infra["nats"])),
+                        nats=tuple(_process(p) for p in infra["nats"]),
+                        etcd_proxies=tuple(_process(p) for p in infra.get("etcd_proxies") or ())),
         gms_servers=gms_servers, cohorts=tuple(_cohort_from_dict(c) for c in data["cohorts"]),
         python=data.get("python") or gms_servers[0].argv[0],
         extra={k: v for k, v in data.items() if k not in known},
@@ -418,16 +449,18 @@ def runtime_python(contract: Contract) -> str:
 
 
 def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str | None = None,
-               model_view: bool = True) -> Plan:
+               model_view: bool = True, etcd_tls: bool = True) -> Plan:
     """The plan of a contract. ``state_dir``/``config_dir`` default to the hosts' (/var/lib/shadowline/<dep>,
-    /etc/shadowline/<dep>); a Slurm job passes node-local directories of its own, and ``model_view`` False: its
-    engines are no systemd units, so they name the model's directory itself (see Plan.model_view)."""
+    /etc/shadowline/<dep>); a Slurm job passes node-local directories of its own, ``model_view`` False: its
+    engines are no systemd units, so they name the model's directory itself (see Plan.model_view), and
+    ``etcd_tls`` False: no etcd proxy unit on its nodes, so etcd's clients stay plain (with authentication)."""
     dirs = _Dirs(state=state_dir or STATE_DIR.format(deployment=contract.deployment),
                  config=config_dir or CONFIG_DIR.format(deployment=contract.deployment))
     model_path = model_view_dir(dirs.state) if model_view else contract.model.local_dir
     security = Security(insecure=contract.insecure, dir=f"{dirs.config}/secrets", controller_dir=contract.secrets_dir,
                         firewall_allow=contract.firewall_allow, frontend_allow=contract.frontend_allow,
-                        frontend_tls=contract.frontend_tls)  # Security.frontend_https: never when insecure
+                        frontend_tls=contract.frontend_tls,  # Security.frontend_https: never when insecure
+                        etcd_tls=etcd_tls and not contract.insecure)
     infra = _infra_plan(contract, dirs, security)
     gms_servers = tuple(_gms_server(contract, node) for node in contract.nodes)
     cohorts = tuple(_cohort_plan(contract, infra, security, cohort, model_path) for cohort in range(contract.cohorts))
@@ -450,14 +483,15 @@ class _Dirs:
 
 def _infra_plan(contract: Contract, dirs: _Dirs, security: Security) -> InfraPlan:
     ports = contract.ports
-    etcd = ",".join(f"http://{n.address}:{ports.etcd_client}" for n in contract.infra_hosts)
+    scheme = "https" if security.etcd_https else "http"
+    etcd = ",".join(f"{scheme}://{n.address}:{ports.etcd_client}" for n in contract.infra_hosts)
     scheme = "nats" if security.insecure else "tls"  # Dynamo wants tls:// whenever NATS_TLS_* is set
     nats = ",".join(f"{scheme}://{n.address}:{ports.nats}" for n in contract.infra_hosts)
     first = contract.infra_hosts[0]
     argv = (runtime_python(contract), "-m", "dynamo.frontend", "--http-host", contract.frontend_bind,
             "--http-port", str(ports.frontend), "--migration-limit", str(FRONTEND_MIGRATION_LIMIT))
     env = {
-        **_discovery_env(etcd, nats, security, contract.deployment, first.host),
+        **_discovery_env(dynamo_etcd(contract, security), nats, security, contract.deployment, first.host),
         "ETCD_LEASE_TTL": str(contract.engine.lease_ttl_s),  # the engines' etcd outage tolerance, the frontend's too
         "DYN_TCP_RESPONSE_STREAM_HOST": first.address,
         "HF_HUB_OFFLINE": "1",
@@ -470,7 +504,45 @@ def _infra_plan(contract: Contract, dirs: _Dirs, security: Security) -> InfraPla
                      frontend_url=f"{scheme}://{_reachable(contract.frontend_bind, first.address)}:{ports.frontend}",
                      frontend=Process(host=first.host, argv=argv, env=env),
                      etcd=tuple(_etcd_member(contract, dirs, security, node) for node in contract.infra_hosts),
-                     nats=tuple(_nats_server(contract, dirs, security, node) for node in contract.infra_hosts))
+                     nats=tuple(_nats_server(contract, dirs, security, node) for node in contract.infra_hosts),
+                     etcd_proxies=tuple(_etcd_proxy(contract, dirs, security, host)
+                                        for host in dict.fromkeys(n.host for n in contract.nodes + contract.infra_hosts))
+                     if security.etcd_https else ())
+
+
+def dynamo_etcd(contract: Contract, security: Security) -> str:
+    """The etcd endpoints of Dynamo's processes (one per member, in the members' order; _discovery_env picks
+    one): the members themselves, or with etcd's client TLS, the host's etcd proxy on loopback, a port per
+    member (``gms_ports.etcd_proxy`` + the member's index)."""
+    if not security.etcd_https:
+        return ",".join(f"http://{n.address}:{contract.ports.etcd_client}" for n in contract.infra_hosts)
+    return ",".join(f"http://127.0.0.1:{contract.ports.etcd_proxy + i}" for i in range(len(contract.infra_hosts)))
+
+
+def _etcd_proxy(contract: Contract, dirs: _Dirs, security: Security, host: str) -> Process:
+    """The etcd proxy of one host: HAProxy in TCP mode, as the service user, accepting plain connections on
+    loopback only (a port per member) and carrying each to its member over TLS, presenting the host's client
+    certificate and checking the member's against the deployment's CA and the member's host name. For Dynamo
+    1.6.1's engines and frontend, whose etcd client has no TLS (docs/security.md); the agent and the modules use
+    TLS themselves. It offers ALPN ``h2``: etcd's Go server speaks gRPC over TLS only to a client that does (a
+    plain TLS tunnel such as stunnel is answered with HTTP/1.1 and Dynamo's client never connects, measured).
+    etcd's passwords still apply: a local process without one reads and writes nothing."""
+    config_path = f"{dirs.config}/etcd-proxy.cfg"
+    lines = [f"# shadowline {contract.deployment}: Dynamo's etcd client on loopback, TLS to each etcd member",
+             "global", "    log stderr format raw daemon warning", "    maxconn 4096", "    nbthread 1",
+             "defaults", "    mode tcp", "    log global", "    timeout connect 2s",
+             # gRPC streams (watches, lease keep-alives) stay open for as long as the engine runs
+             "    timeout client 1d", "    timeout server 1d"]
+    for index, member in enumerate(contract.infra_hosts):
+        lines += [f"listen etcd-{index}", f"    bind 127.0.0.1:{contract.ports.etcd_proxy + index}",
+                  f"    server member-{index} {_host_port(member.address, contract.ports.etcd_client)} ssl "
+                  f"verify required ca-file {security.ca} crt {security.client_pem} alpn h2 verifyhost {member.host}"]
+    return Process(host=host, argv=(contract.binaries.haproxy, "-db", "-f", config_path), env={},
+                   files={config_path: "\n".join(lines) + "\n"})
+
+
+def _host_port(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 def frontend_https(security: Security) -> dict[str, str]:
@@ -496,14 +568,16 @@ def _etcd_member(contract: Contract, dirs: _Dirs, security: Security, node: Node
     """One etcd member, listening on the node's address only; 1 or 3 members form the cluster. Unless insecure,
     the members talk to each other over TLS with certificates of the deployment's CA (peer TLS, client
     certificates required): the cluster's own traffic is encrypted and no host off the deployment can join it.
-    Clients stay on plain HTTP with authentication: Dynamo 1.6.1's etcd client has no TLS (docs/security.md)."""
+    With ``etcd_tls`` its clients too: HTTPS and gRPC over TLS, a client certificate of the deployment's CA
+    required (Dynamo's processes through their host's etcd proxy)."""
     ports = contract.ports
     peer = "http" if security.insecure else "https"
+    client = "https" if security.etcd_https else "http"
     cluster = ",".join(f"{n.host}={peer}://{n.address}:{ports.etcd_peer}" for n in contract.infra_hosts)
     argv = (contract.binaries.etcd, "--name", node.host,
             "--data-dir", f"{dirs.state}/etcd",
-            "--listen-client-urls", f"http://{node.address}:{ports.etcd_client}",
-            "--advertise-client-urls", f"http://{node.address}:{ports.etcd_client}",
+            "--listen-client-urls", f"{client}://{node.address}:{ports.etcd_client}",
+            "--advertise-client-urls", f"{client}://{node.address}:{ports.etcd_client}",
             "--listen-peer-urls", f"{peer}://{node.address}:{ports.etcd_peer}",
             "--initial-advertise-peer-urls", f"{peer}://{node.address}:{ports.etcd_peer}",
             "--initial-cluster", cluster, "--initial-cluster-token", f"shadowline-{contract.deployment}",
@@ -514,6 +588,9 @@ def _etcd_member(contract: Contract, dirs: _Dirs, security: Security, node: Node
     if not security.insecure:
         argv += ("--peer-cert-file", security.server_cert, "--peer-key-file", security.server_key,
                  "--peer-trusted-ca-file", security.ca, "--peer-client-cert-auth")
+    if security.etcd_https:
+        argv += ("--cert-file", security.server_cert, "--key-file", security.server_key,
+                 "--trusted-ca-file", security.ca, "--client-cert-auth")
     return Process(host=node.host, argv=argv, env={})
 
 
@@ -663,8 +740,8 @@ def _rank_plan(contract: Contract, infra: InfraPlan, security: Security, cohort:
         "DYN_VLLM_GMS_SHADOW_MODE": "true",
         "FAILOVER_LOCK_PATH": contract.lock_path,
         "GMS_SOCKET_DIR": gms_dir(contract.socket_dir, contract.model.revision),
-        **_discovery_env(infra.etcd_endpoints, infra.nats_server, security, contract.deployment, node.host,
-                         seed=cohort),
+        **_discovery_env(dynamo_etcd(contract, security), infra.nats_server, security, contract.deployment,
+                         node.host, seed=cohort),
         "ETCD_LEASE_TTL": str(engine.lease_ttl_s),
         "DYN_SYSTEM_PORT": str(ports.system),
         "DYN_SYSTEM_HOST": node.address,

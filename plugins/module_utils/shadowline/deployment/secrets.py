@@ -57,6 +57,10 @@ def host_files(plan: Plan, host: str) -> list[dict[str, str]]:
              (os.path.join(pki, "hosts", host, "server.key"), "server.key", user, "0600"),
              (os.path.join(root, "dynamo.env"), "dynamo.env", "root", "0600"),
              (os.path.join(root, "etcd-agent.password"), "etcd-agent.password", "root", "0600")]
+    if plan.etcd_tls:  # etcd's clients over TLS: the etcd proxy's, and the agent's and the modules' (root)
+        files += [(os.path.join(pki, "hosts", host, "client.pem"), "client.pem", user, "0600"),
+                  (os.path.join(pki, "hosts", host, "etcd-client.crt"), "etcd-client.crt", "root", "0644"),
+                  (os.path.join(pki, "hosts", host, "etcd-client.key"), "etcd-client.key", "root", "0600")]
     if host in plan.infra_hosts:
         files += [(os.path.join(root, "etcd-root.password"), "etcd-root.password", "root", "0600")]
     return [{"src": src, "dest": f"{dest}/{name}", "owner": owner, "mode": mode} for src, name, owner, mode in files]

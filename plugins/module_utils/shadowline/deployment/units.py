@@ -95,7 +95,7 @@ def exec_start(argv: tuple[str, ...] | list[str]) -> str:
 def service_unit(description: str, process: Process, read_write: list[str], *, user: str | None,  # noqa: PLR0913 (keyword-only settings of one unit)
                  after: list[str], restart: str, extra: tuple[str, ...] = (),
                  sandbox: tuple[tuple[tuple[str, str], ...], ...] | None = (UNPRIVILEGED,),
-                 service_type: str = "exec") -> str:
+                 service_type: str = "exec", wants: tuple[str, ...] = ()) -> str:
     """A hardened service unit running ``process`` verbatim (every long-running process of a deployment but the
     engines, whose template unit is engine_template). ``sandbox`` None: no systemd sandbox (a container unit,
     whose podman needs root and namespaces; the container is the sandbox)."""
@@ -104,6 +104,7 @@ def service_unit(description: str, process: Process, read_write: list[str], *, u
         f"Description={description}",
         "After=network-online.target " + " ".join(after),
         "Wants=network-online.target",
+        *wants,
     ]
     unit += ["StartLimitIntervalSec=0"] if restart == "always" else []  # restarted however often it fails
     unit += ["", "[Service]", f"Type={service_type}"]
@@ -163,6 +164,19 @@ def etcd_unit(plan: Plan, host: str) -> str:
                         sandbox=(UNPRIVILEGED, INFRA, NO_JIT))
 
 
+def etcd_proxy_unit(plan: Plan, host: str) -> str:
+    """The host's etcd proxy (HAProxy, deployment/plan.py _etcd_proxy): loopback in, TLS out, as the service user
+    in the infra services' sandbox; it writes nothing."""
+    return service_unit(f"shadowline {plan.deployment}: etcd proxy (TLS) for Dynamo's processes",
+                        on_host(plan.infra.etcd_proxies, host), [], user=plan.service_user, after=[],
+                        restart="always", sandbox=(UNPRIVILEGED, INFRA, NO_JIT))
+
+
+def etcd_proxy_needed(plan: Plan) -> list[str]:
+    """The unit Dynamo's processes need to reach etcd (its proxy), none when they reach etcd themselves."""
+    return [plan.unit_name("etcd-proxy")] if plan.infra.etcd_proxies else []
+
+
 def nats_unit(plan: Plan, host: str) -> str:
     return service_unit(f"shadowline {plan.deployment}: NATS with JetStream", on_host(plan.infra.nats, host),
                         [f"{plan.state_dir}/nats"], user=plan.service_user, after=[], restart="on-failure",
@@ -171,7 +185,8 @@ def nats_unit(plan: Plan, host: str) -> str:
 
 def frontend_unit(plan: Plan) -> str:
     process = plan.infra.frontend
-    infra = [plan.unit_name("etcd"), plan.unit_name("nats")]
+    infra = [plan.unit_name("etcd"), plan.unit_name("nats"), *etcd_proxy_needed(plan)]
+    wants = tuple(f"Wants={unit}" for unit in etcd_proxy_needed(plan))
     description = f"shadowline {plan.deployment}: Dynamo frontend (OpenAI API)"
     # always: Dynamo's runtime ends the frontend with status 0 when its etcd lease is lost (a long etcd outage)
     if plan.container:
@@ -179,9 +194,9 @@ def frontend_unit(plan: Plan) -> str:
         wrapped = container_process(plan, unit, process, [(process.env["HOME"], True)],
                                     CREDENTIAL_NAMES if plan.secure else ())
         return service_unit(description, wrapped, [], user=None, after=infra, restart="always",
-                            extra=dynamo_credentials(plan) + container_unit_lines(unit), sandbox=None)
+                            extra=dynamo_credentials(plan) + container_unit_lines(unit), sandbox=None, wants=wants)
     return service_unit(description, process, [process.env["HOME"]], user=plan.service_user, after=infra,
-                        restart="always", extra=dynamo_credentials(plan), sandbox=(UNPRIVILEGED, INFRA))
+                        restart="always", extra=dynamo_credentials(plan), sandbox=(UNPRIVILEGED, INFRA), wants=wants)
 
 
 def dynamo_credentials(plan: Plan) -> tuple[str, ...]:
@@ -192,12 +207,12 @@ def dynamo_credentials(plan: Plan) -> tuple[str, ...]:
 
 def engine_template(plan: Plan) -> str:
     """The engine template unit; each cohort's drop-in adds its environment and ExecStart."""
-    gms = plan.unit_name("gms")
+    needs = " ".join([plan.unit_name("gms"), *etcd_proxy_needed(plan)])
     unit = [
         "[Unit]",
         f"Description=shadowline {plan.deployment}: engine cohort %i (one rank of it)",
-        f"After=network-online.target {gms}",
-        f"Wants=network-online.target {gms}",
+        f"After=network-online.target {needs}",
+        f"Wants=network-online.target {needs}",
         "",
         "[Service]",
         "Type=exec",

@@ -130,7 +130,8 @@ def build_job_plan(shared: dict[str, Any], inventory_hosts: int) -> tuple[Plan |
         return None, None, problems
     # Unless gms_insecure: the job's etcd wants passwords and its NATS and request plane TLS, with credentials
     # the supervisor makes for the job at its start (slurm/job_secrets.py), under <node_dir>/config/secrets.
-    plan = build_plan(contract, state_dir=f"{node_dir}/state", config_dir=f"{node_dir}/config", model_view=False)
+    plan = build_plan(contract, state_dir=f"{node_dir}/state", config_dir=f"{node_dir}/config", model_view=False,
+                      etcd_tls=False)  # no etcd proxy on a job's nodes: etcd stays plain, with passwords
     return plan, options, problems
 
 
