@@ -278,8 +278,8 @@ def test_control_plane_refuses_clients_without_credentials(site: Site, request: 
     other = site.tmp / "another-deployment"  # a CA and a client certificate of another deployment
     ensure_pki(str(other), "other", [("node1", plan["nodes"][1]["address"])], [])
     no_certificate = _handshake(address, int(port), ca, None)
-    foreign_certificate = _handshake(address, int(port), ca, (other / "hosts/node1/etcd-client.crt",
-                                                                other / "hosts/node1/etcd-client.key"))
+    foreign_files = (other / "hosts/node1/etcd-client.crt", other / "hosts/node1/etcd-client.key")
+    foreign_certificate = _handshake(address, int(port), ca, foreign_files)
     assert no_certificate.startswith("refused"), f"etcd served a client without a certificate: {no_certificate}"
     assert foreign_certificate.startswith("refused"), f"etcd served another deployment's: {foreign_certificate}"
     controller_certificate = (pki / "controller/etcd-client.crt", pki / "controller/etcd-client.key")

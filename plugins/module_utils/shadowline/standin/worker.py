@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import ctypes
+import http.client
 import json
 import logging
 import os
@@ -95,7 +96,9 @@ def etcd_has_key_suffix(endpoints: str, prefix: str, suffix: str, timeout: float
         try:
             with open_direct(req, timeout) as r:
                 kvs = json.load(r).get("kvs", [])
-        except (OSError, ValueError):
+        except (OSError, ValueError, http.client.HTTPException):
+            # not readable anonymously: etcd with authentication refuses it, and through the host's etcd proxy
+            # (gRPC only: ALPN h2) etcd answers an HTTP/1.1 request with HTTP/2 frames (BadStatusLine) or nothing
             continue
         return any(base64.b64decode(kv["key"]).decode().endswith(suffix) for kv in kvs)
     return None
