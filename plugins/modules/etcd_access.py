@@ -81,7 +81,7 @@ def main() -> None:
             env = dict(line.split("=", 1) for line in handle.read().splitlines() if "=" in line)
         passwords["dynamo"] = env["ETCD_AUTH_PASSWORD"]
         context = etcd_context(plan)  # etcd's clients over TLS: the host's etcd client certificate
-    except (OSError, KeyError) as err:
+    except (OSError, KeyError, EtcdError) as err:
         module.fail_json(msg=f"the deployment's etcd passwords or certificates are not installed on this host "
                              f"({err}); run the whole playbook (the base role installs them)")
     for password in passwords.values():

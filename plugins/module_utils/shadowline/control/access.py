@@ -50,9 +50,15 @@ def etcd_tls_files(plan: Plan, on_controller: bool = False) -> dict[str, str]:
 
 
 def etcd_context(plan: Plan, on_controller: bool = False) -> ssl.SSLContext | None:
-    """The TLS context of a client of the deployment's etcd (None when its clients are plain)."""
+    """The TLS context of a client of the deployment's etcd (None when its clients are plain); EtcdError naming
+    the certificate when the files cannot be read."""
     files = etcd_tls_files(plan, on_controller)
-    return client_context(files["ca"], files["cert"], files["key"]) if files else None
+    try:
+        return client_context(files["ca"], files["cert"], files["key"]) if files else None
+    except (OSError, ssl.SSLError) as err:
+        raise EtcdError(f"cannot read the etcd client certificate ({files['cert']}, its key or the CA: "
+                        f"{getattr(err, 'strerror', None) or err}); run the playbook again to install the "
+                        "deployment's secrets") from None
 
 
 def etcd_for(plan: Plan, timeout: float = 2.0, *, user: str = AGENT, password_file: str | None = None,
@@ -63,13 +69,7 @@ def etcd_for(plan: Plan, timeout: float = 2.0, *, user: str = AGENT, password_fi
     ``deadline`` per call (etcd_client.Etcd)."""
     if not plan.secure or plan.security is None:
         return Etcd(plan.infra.etcd_endpoints, timeout=timeout, deadline=deadline)
-    files = etcd_tls_files(plan, on_controller)
-    try:
-        context = client_context(files["ca"], files["cert"], files["key"]) if files else None
-    except (OSError, ssl.SSLError) as err:
-        raise EtcdError(f"cannot read the etcd client certificate ({files['cert']}, its key or the CA: "
-                        f"{getattr(err, 'strerror', None) or err}); run the playbook again to install the "
-                        "deployment's secrets") from None
+    context = etcd_context(plan, on_controller)
     path = password_file or plan.security.password_file(user)
     try:
         password = read_secret(path)
