@@ -4,6 +4,7 @@ controller's secrets (modes, what each host gets, nothing secret in a plan or un
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -95,6 +96,19 @@ def test_secrets_are_private_and_never_in_the_plan_or_a_unit(tmp_path: Path):
     assert files["etcd-root.password"]["owner"] == "root" and "server.key" in files  # node0 is the infra host
     node1 = {f["dest"].rsplit("/", 1)[1] for f in host_files(plan, "node1")}
     assert "etcd-root.password" not in node1 and "server.key" in node1  # every node: the agent's endpoint
+
+
+def test_etcd_client_certificates_only_where_etcds_clients_use_tls(tmp_path: Path):
+    """A Slurm job's plan (etcd's clients plain) gets no etcd client certificates and no HAProxy file: the job's
+    supervisor makes its credentials at every start."""
+    hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16}, gms_secrets_dir=str(tmp_path / "tls"))
+    contract, _unused = parse_contract(hv, hosts)
+    assert contract is not None
+    with_tls = [os.path.basename(p) for p in ensure_secrets(build_plan(contract))]
+    assert with_tls.count("etcd-client.key") == 3 and with_tls.count("client.pem") == 2  # 2 hosts, the controller
+    contract = dataclasses.replace(contract, secrets_dir=str(tmp_path / "plain"))
+    plain = [os.path.basename(p) for p in ensure_secrets(build_plan(contract, etcd_tls=False))]
+    assert "client.key" in plain and not {"etcd-client.crt", "etcd-client.key", "client.pem"} & set(plain)
 
 
 def test_a_host_certificate_follows_its_address(tmp_path: Path):

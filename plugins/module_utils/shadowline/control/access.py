@@ -20,10 +20,10 @@ import os
 import ssl
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Callable, Dict, Optional
 
 from ..deployment.plan import Plan
-from .etcd_client import Etcd, EtcdAuth, EtcdError, prefix_end
+from .etcd_client import Etcd, EtcdAuth, EtcdError, error_body, prefix_end
 from .http import direct_opener
 
 DISCOVERY_PREFIX = "v1/"  # every key Dynamo 1.6.1 writes (instances, model cards, event channels)
@@ -43,10 +43,18 @@ def etcd_tls_files(plan: Plan, on_controller: bool = False) -> dict[str, str]:
     if not plan.etcd_tls or security is None:
         return {}
     if on_controller:
-        pki = os.path.join(security.controller_path, "pki")
-        return {"ca": os.path.join(pki, "ca.crt"), "cert": os.path.join(pki, "controller", "etcd-client.crt"),
-                "key": os.path.join(pki, "controller", "etcd-client.key")}
+        return controller_tls_files(plan, "etcd-client")
     return {"ca": security.ca, "cert": security.etcd_client_cert, "key": security.etcd_client_key}
+
+
+def controller_tls_files(plan: Plan, certificate: str) -> dict[str, str]:
+    """The deployment's CA and one of the controller's client certificates (``client``: NATS, the agents'
+    endpoint, the frontend; ``etcd-client``: etcd) in ``gms_secrets_dir`` (deployment/pki.py's layout)."""
+    if plan.security is None:
+        raise ValueError("the plan has no security settings")
+    pki = os.path.join(plan.security.controller_path, "pki")
+    return {"ca": os.path.join(pki, "ca.crt"), "cert": os.path.join(pki, "controller", f"{certificate}.crt"),
+            "key": os.path.join(pki, "controller", f"{certificate}.key")}
 
 
 def etcd_context(plan: Plan, on_controller: bool = False) -> ssl.SSLContext | None:
@@ -103,22 +111,29 @@ def etcd_from_env(timeout: float = 2.0, environ: dict[str, str] | None = None) -
 
 # -- setting up access (the etcd role, on one infra host) ------------------------------------------------------ #
 
-def _post(endpoint: str, path: str, body: dict[str, Any], token: str | None, timeout: float,
-          context: ssl.SSLContext | None = None) -> dict[str, Any]:
-    headers = {"Content-Type": "application/json", **({"Authorization": token} if token else {})}
-    request = urllib.request.Request(endpoint.rstrip("/") + path, data=json.dumps(body).encode(), method="POST",
-                                     headers=headers)
-    try:
-        with direct_opener(context)(request, timeout) as response:
-            return json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as err:
+Post = Callable[[str, Dict[str, Any], Optional[str]], Dict[str, Any]]  # (path, body, token) -> etcd's answer
+
+
+def _poster(endpoint: str, timeout: float, context: ssl.SSLContext | None) -> Post:
+    """POSTs to one member's JSON gateway (``context``: its TLS, etcd_context), with root's token where given;
+    EtcdError with etcd's own message when refused or unanswered."""
+    opener = direct_opener(context)
+
+    def post(path: str, body: dict[str, Any], token: str | None) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json", **({"Authorization": token} if token else {})}
+        request = urllib.request.Request(endpoint.rstrip("/") + path, data=json.dumps(body).encode(), method="POST",
+                                         headers=headers)
         try:
-            message = json.loads(err.read() or b"{}").get("message") or err.reason
-        except (OSError, ValueError):
-            message = err.reason
-        raise EtcdError(f"etcd at {endpoint} refused {path}: {message} (HTTP {err.code})", endpoint) from None
-    except (urllib.error.URLError, OSError) as err:
-        raise EtcdError(f"etcd at {endpoint} did not answer {path}: {getattr(err, 'reason', err)}", endpoint) from None
+            with opener(request, timeout) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as err:
+            message = error_body(err).get("message") or err.reason
+            raise EtcdError(f"etcd at {endpoint} refused {path}: {message} (HTTP {err.code})", endpoint) from None
+        except (urllib.error.URLError, OSError) as err:
+            raise EtcdError(f"etcd at {endpoint} did not answer {path}: {getattr(err, 'reason', err)}",
+                            endpoint) from None
+
+    return post
 
 
 def _b64(data: str | bytes) -> str:
@@ -127,24 +142,23 @@ def _b64(data: str | bytes) -> str:
     return base64.b64encode(data.encode() if isinstance(data, str) else data).decode("ascii")
 
 
-def _authenticates(endpoint: str, user: str, password: str, timeout: float, context: ssl.SSLContext | None) -> bool:
+def _authenticates(post: Post, user: str, password: str) -> bool:
     """Does etcd take this user's password as it is?"""
     try:
-        _post(endpoint, "/v3/auth/authenticate", {"name": user, "password": password}, None, timeout, context)
+        post("/v3/auth/authenticate", {"name": user, "password": password}, None)
     except EtcdError:
         return False
     return True
 
 
-def _role_grants(endpoint: str, role: str, token: str | None, timeout: float,
-                 context: ssl.SSLContext | None) -> set[tuple[str, str]]:
+def _role_grants(post: Post, role: str, token: str | None) -> set[tuple[str, str]]:
     """The (key, range_end) of the role's read-write permissions, base64 as etcd's JSON gateway gives them."""
-    perms = _post(endpoint, "/v3/auth/role/get", {"role": role}, token, timeout, context).get("perm") or []
+    perms = post("/v3/auth/role/get", {"role": role}, token).get("perm") or []
     return {(p.get("key", ""), p.get("range_end", "")) for p in perms if p.get("permType") == "READWRITE"}
 
 
-def _user_roles(endpoint: str, user: str, token: str | None, timeout: float, context: ssl.SSLContext | None) -> set[str]:
-    return set(_post(endpoint, "/v3/auth/user/get", {"name": user}, token, timeout, context).get("roles") or [])
+def _user_roles(post: Post, user: str, token: str | None) -> set[str]:
+    return set(post("/v3/auth/user/get", {"name": user}, token).get("roles") or [])
 
 
 def role_permissions(deployment: str) -> dict[str, list[str]]:
@@ -161,51 +175,51 @@ def ensure_etcd_auth(endpoint: str, deployment: str, passwords: dict[str, str], 
     ``context``: the TLS of an https:// endpoint (etcd_context).
     """
     changed: list[str] = []
+    post = _poster(endpoint, timeout, context)
     try:
-        token = _post(endpoint, "/v3/auth/authenticate", {"name": ROOT, "password": passwords[ROOT]}, None,
-                      timeout, context)["token"]
+        token = post("/v3/auth/authenticate", {"name": ROOT, "password": passwords[ROOT]}, None)["token"]
         enabled = True
     except EtcdError as err:
         if "authentication is not enabled" not in str(err):
             raise
         token, enabled = None, False
-    users = set(_post(endpoint, "/v3/auth/user/list", {}, token, timeout, context).get("users") or [])
-    roles = set(_post(endpoint, "/v3/auth/role/list", {}, token, timeout, context).get("roles") or [])
+    users = set(post("/v3/auth/user/list", {}, token).get("users") or [])
+    roles = set(post("/v3/auth/role/list", {}, token).get("roles") or [])
     for user in (ROOT, AGENT, DYNAMO):
         if user not in users:
-            _post(endpoint, "/v3/auth/user/add", {"name": user, "password": passwords[user]}, token, timeout, context)
+            post("/v3/auth/user/add", {"name": user, "password": passwords[user]}, token)
             changed.append(f"user {user}")
         elif user != ROOT or not enabled:
             # only a password that differs: etcd drops every token of a user whose password is set, even to the
             # same value, and a Dynamo runtime holding one (a parked shadow) then fails to register at its wake
-            if not (enabled and _authenticates(endpoint, user, passwords[user], timeout, context)):
-                _post(endpoint, "/v3/auth/user/changepw", {"name": user, "password": passwords[user]}, token, timeout, context)
+            if not (enabled and _authenticates(post, user, passwords[user])):
+                post("/v3/auth/user/changepw", {"name": user, "password": passwords[user]}, token)
     # grants only where missing: each one is a change of etcd's auth store (its auth revision), which makes etcd
     # refuse requests under the older revision, for a moment, to every client
     if ROOT not in roles:
-        _post(endpoint, "/v3/auth/role/add", {"name": ROOT}, token, timeout, context)
-    if ROOT not in _user_roles(endpoint, ROOT, token, timeout, context):
-        _post(endpoint, "/v3/auth/user/grant", {"user": ROOT, "role": ROOT}, token, timeout, context)
+        post("/v3/auth/role/add", {"name": ROOT}, token)
+    if ROOT not in _user_roles(post, ROOT, token):
+        post("/v3/auth/user/grant", {"user": ROOT, "role": ROOT}, token)
         changed.append(f"user {ROOT}: role {ROOT}")
     for role, prefixes in role_permissions(deployment).items():
         name = f"shadowline-{role}"
         granted: set[tuple[str, str]] = set()
         if name not in roles:
-            _post(endpoint, "/v3/auth/role/add", {"name": name}, token, timeout, context)
+            post("/v3/auth/role/add", {"name": name}, token)
             changed.append(f"role {name}")
         else:
-            granted = _role_grants(endpoint, name, token, timeout, context)
+            granted = _role_grants(post, name, token)
         for prefix in prefixes:
             if (_b64(prefix), _b64(prefix_end(prefix))) not in granted:
-                _post(endpoint, "/v3/auth/role/grant", {"name": name, "perm": {
+                post("/v3/auth/role/grant", {"name": name, "perm": {
                     "permType": "READWRITE", "key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}},
-                    token, timeout, context)
+                    token)
                 changed.append(f"role {name}: {prefix}")
-        if name not in _user_roles(endpoint, role, token, timeout, context):
-            _post(endpoint, "/v3/auth/user/grant", {"user": role, "role": name}, token, timeout, context)
+        if name not in _user_roles(post, role, token):
+            post("/v3/auth/user/grant", {"user": role, "role": name}, token)
             changed.append(f"user {role}: role {name}")
     if not enabled:
-        _post(endpoint, "/v3/auth/enable", {}, None, timeout, context)
+        post("/v3/auth/enable", {}, None)
         changed.append("authentication enabled")
     return changed
 
@@ -257,9 +271,7 @@ def frontend_tls_files(plan: Plan, on_controller: bool = False) -> dict[str, str
     if security is None or not security.frontend_https:
         return {}
     if on_controller:
-        pki = os.path.join(security.controller_path, "pki")
-        return {"ca": os.path.join(pki, "ca.crt"), "cert": os.path.join(pki, "controller", "client.crt"),
-                "key": os.path.join(pki, "controller", "client.key")}
+        return controller_tls_files(plan, "client")
     return host_tls_files(plan)
 
 

@@ -129,7 +129,7 @@ class EtcdAuth(urllib.request.BaseHandler):
                 with self._open(request, timeout) as response:
                     token = json.loads(response.read()).get("token")
             except urllib.error.HTTPError as err:
-                message = _error_body(err).get("message") or err.reason
+                message = error_body(err).get("message") or err.reason
                 raise urllib.error.HTTPError(err.url, err.code, f"etcd user {self.user}: {message}", err.headers,
                                              None) from None
             except (ValueError, AttributeError):  # an answer cut short, or not the JSON object etcd sends
@@ -203,7 +203,7 @@ class Etcd:
                 with self._open(request, min(self.timeout, remaining)) as response:
                     payload = response.read()
             except urllib.error.HTTPError as err:
-                error = _error_body(err)
+                error = error_body(err)
                 code = error.get("code")
                 if allow_not_found and code == NOT_FOUND:
                     self._preferred = index
@@ -339,7 +339,7 @@ class Etcd:
                 response = self._open(request, self.timeout)
             except urllib.error.HTTPError as err:
                 raise EtcdError(f"etcd at {endpoint} refused a watch of {prefix!r}: "
-                                f"{_error_body(err).get('message') or err.reason}", endpoint) from None
+                                f"{error_body(err).get('message') or err.reason}", endpoint) from None
             except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as err:
                 failures.append(f"{endpoint}: {getattr(err, 'reason', None) or repr(err)}")
                 continue
@@ -415,7 +415,7 @@ def _revision(answer: dict[str, Any]) -> int:
         raise EtcdError(f"etcd answered with a malformed header: {err}") from None
 
 
-def _error_body(err: urllib.error.HTTPError) -> dict[str, Any]:
+def error_body(err: urllib.error.HTTPError) -> dict[str, Any]:
     """etcd's JSON error, or its text as the message (the gateway answers some refusals in plain text, e.g. a
     client certificate with a common name while authentication is on)."""
     try:

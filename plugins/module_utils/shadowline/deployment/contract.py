@@ -96,6 +96,7 @@ DEFAULT_COHORTS = 2
 DEFAULT_BINARIES: dict[str, str] = {"etcd": "/usr/bin/etcd", "nats_server": "/usr/sbin/nats-server",
                                     "haproxy": "/usr/sbin/haproxy"}
 DEFAULT_PYTHON = "/opt/shadowline/{deployment}/venv/bin/python"
+ETCD_MEMBER_COUNTS = (1, 3)  # etcd's members: one infra host (or the leader node), or three for a quorum
 STATE_DIR = "/var/lib/shadowline/{deployment}"  # etcd and NATS data, the frontend's HOME, event logs
 CONFIG_DIR = "/etc/shadowline/{deployment}"
 DEFAULT_SERVICE_USER = "shadowline"
@@ -667,7 +668,7 @@ def _parse_infra(read: Reader, hostvars: dict[str, dict[str, Any]], nodes: list[
                  infra_hosts: list[str]) -> list[Node] | None:
     if not infra_hosts:
         return [nodes[0]] if nodes else None
-    if len(infra_hosts) not in (1, 3):
+    if len(infra_hosts) not in ETCD_MEMBER_COUNTS:
         read.problem("gms_infra", f"has {len(infra_hosts)} hosts; etcd needs 1 or 3 members.",
                      "list 1 host (or none: the leader node is used) or 3 hosts in gms_infra.")
         return None

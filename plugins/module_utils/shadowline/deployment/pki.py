@@ -38,11 +38,13 @@ class Subject:
     ips: tuple[str, ...] = ()
 
 
-def subjects(deployment: str, hosts: list[tuple[str, str]], infra: list[tuple[str, str]]) -> list[Subject]:
+def subjects(deployment: str, hosts: list[tuple[str, str]], infra: list[tuple[str, str]],
+             etcd_clients: bool = True) -> list[Subject]:
     """What a deployment needs: a client certificate per host (and the controller), a server one per host (etcd
     and NATS on the infra hosts, the agents' endpoint on the nodes), and an etcd client certificate per host (and
     the controller) without a common name: etcd 3.4's JSON gateway, which the agents, the modules and the
-    controller's tools use, refuses a client certificate with one while authentication is on."""
+    controller's tools use, refuses a client certificate with one while authentication is on (``etcd_clients``
+    False: etcd's clients are plain, as a Slurm job's, and need none)."""
     out = []
     for host, address in dict.fromkeys(hosts + infra):
         names = _names(host, address)
@@ -51,8 +53,9 @@ def subjects(deployment: str, hosts: list[tuple[str, str]], infra: list[tuple[st
         dns, ips = _names(host, address)
         out.append(Subject(f"hosts/{host}", SERVER, common_name(deployment, host), dns, ips + ("127.0.0.1",)))
     out.append(Subject("controller", CLIENT, common_name(deployment, "controller")))
-    out += [Subject(f"hosts/{host}", ETCD_CLIENT, "") for host, _unused in dict.fromkeys(hosts + infra)]
-    out.append(Subject("controller", ETCD_CLIENT, ""))
+    if etcd_clients:
+        out += [Subject(f"hosts/{host}", ETCD_CLIENT, "") for host, _unused in dict.fromkeys(hosts + infra)]
+        out.append(Subject("controller", ETCD_CLIENT, ""))
     return out
 
 
@@ -90,8 +93,9 @@ def _names(host: str, address: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def ensure_pki(pki_dir: str, deployment: str, hosts: list[tuple[str, str]], infra: list[tuple[str, str]],
-               now: datetime.datetime | None = None) -> list[str]:
-    """Create or refresh the deployment's CA and certificates under ``pki_dir``; the paths written (no secret)."""
+               now: datetime.datetime | None = None, etcd_clients: bool = True) -> list[str]:
+    """Create or refresh the deployment's CA and certificates under ``pki_dir``; the paths written (no secret).
+    ``etcd_clients``: the etcd client certificates and each host's ``client.pem`` too (etcd's clients over TLS)."""
     from cryptography import x509  # noqa: PLC0415 (controller only: hosts never import this module's code)
     from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
     from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
@@ -134,7 +138,7 @@ def ensure_pki(pki_dir: str, deployment: str, hosts: list[tuple[str, str]], infr
         save_key(ca_key_path, ca_key)
         save_cert(ca_cert_path, ca_cert)
 
-    for subject in subjects(deployment, hosts, infra):
+    for subject in subjects(deployment, hosts, infra, etcd_clients):
         directory = os.path.join(pki_dir, subject.directory)
         _private_dir(directory)
         cert_path = os.path.join(directory, f"{subject.kind}.crt")
@@ -160,7 +164,7 @@ def ensure_pki(pki_dir: str, deployment: str, hosts: list[tuple[str, str]], infr
                 builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
             save_key(key_path, key)
             save_cert(cert_path, builder.sign(ca_key, hashes.SHA256()))
-        if subject.kind == CLIENT and subject.directory.startswith("hosts/"):
+        if etcd_clients and subject.kind == CLIENT and subject.directory.startswith("hosts/"):
             written += _ensure_pem(os.path.join(directory, "client.pem"), cert_path, key_path)
     return written
 

@@ -90,7 +90,7 @@ class Security:
     Dynamo's discovery keys; Dynamo's engines and frontend: the discovery keys only), and with ``etcd_tls`` client
     TLS with certificates of the deployment's CA required. Dynamo 1.6.1's etcd client has no TLS (an https://
     endpoint fails with HttpsUriWithoutTlsSupport): its processes reach etcd through a TLS proxy on their host's
-    loopback (``etcd_proxy``). A Slurm job's etcd stays plain (its nodes may have no stunnel).
+    loopback (``etcd_proxy``). A Slurm job's etcd stays plain (its nodes may have no HAProxy).
     NATS: TLS with client certificates of the deployment's CA, required of every client; each host's certificate
     is a NATS user allowed Dynamo's subjects only (nats_authorization).
     ``insecure`` (gms_insecure: true): neither; every run warns. No secret is in the plan: only file paths.
@@ -491,7 +491,7 @@ def _infra_plan(contract: Contract, dirs: _Dirs, security: Security) -> InfraPla
     argv = (runtime_python(contract), "-m", "dynamo.frontend", "--http-host", contract.frontend_bind,
             "--http-port", str(ports.frontend), "--migration-limit", str(FRONTEND_MIGRATION_LIMIT))
     env = {
-        **_discovery_env(dynamo_etcd(contract, security), nats, security, contract.deployment, first.host),
+        **_discovery_env(_dynamo_etcd(contract, security, etcd), nats, security, contract.deployment, first.host),
         "ETCD_LEASE_TTL": str(contract.engine.lease_ttl_s),  # the engines' etcd outage tolerance, the frontend's too
         "DYN_TCP_RESPONSE_STREAM_HOST": first.address,
         "HF_HUB_OFFLINE": "1",
@@ -510,12 +510,12 @@ def _infra_plan(contract: Contract, dirs: _Dirs, security: Security) -> InfraPla
                      if security.etcd_https else ())
 
 
-def dynamo_etcd(contract: Contract, security: Security) -> str:
+def _dynamo_etcd(contract: Contract, security: Security, members: str) -> str:
     """The etcd endpoints of Dynamo's processes (one per member, in the members' order; _discovery_env picks
-    one): the members themselves, or with etcd's client TLS, the host's etcd proxy on loopback, a port per
+    one): the ``members`` themselves, or with etcd's client TLS, the host's etcd proxy on loopback, a port per
     member (``gms_ports.etcd_proxy`` + the member's index)."""
     if not security.etcd_https:
-        return ",".join(f"http://{n.address}:{contract.ports.etcd_client}" for n in contract.infra_hosts)
+        return members
     return ",".join(f"http://127.0.0.1:{contract.ports.etcd_proxy + i}" for i in range(len(contract.infra_hosts)))
 
 
@@ -740,8 +740,8 @@ def _rank_plan(contract: Contract, infra: InfraPlan, security: Security, cohort:
         "DYN_VLLM_GMS_SHADOW_MODE": "true",
         "FAILOVER_LOCK_PATH": contract.lock_path,
         "GMS_SOCKET_DIR": gms_dir(contract.socket_dir, contract.model.revision),
-        **_discovery_env(dynamo_etcd(contract, security), infra.nats_server, security, contract.deployment,
-                         node.host, seed=cohort),
+        **_discovery_env(_dynamo_etcd(contract, security, infra.etcd_endpoints), infra.nats_server, security,
+                         contract.deployment, node.host, seed=cohort),
         "ETCD_LEASE_TTL": str(engine.lease_ttl_s),
         "DYN_SYSTEM_PORT": str(ports.system),
         "DYN_SYSTEM_HOST": node.address,

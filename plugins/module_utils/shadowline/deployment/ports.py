@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .contract import Ports
+from .contract import ETCD_MEMBER_COUNTS, Ports
 from .problems import Problem
 
 
@@ -36,9 +36,6 @@ def cohort_ports(ports: Ports, cohort: int) -> CohortPorts:
     )
 
 
-ETCD_MEMBERS_MAX = 3  # etcd runs 1 or 3 members (contract.py); the etcd proxy keeps a loopback port for each
-
-
 def port_uses(ports: Ports, cohorts: int) -> list[PortUse]:
     """Every port of the deployment with who uses it, infra first, then cohort by cohort."""
     uses = [
@@ -50,7 +47,7 @@ def port_uses(ports: Ports, cohorts: int) -> list[PortUse]:
         PortUse(ports.nats_cluster, "NATS cluster routes", "gms_ports.nats_cluster", "infra hosts"),
         PortUse(ports.agent_metrics, "agent metrics", "gms_ports.agent_metrics", "all nodes"),
         *(PortUse(ports.etcd_proxy + member, f"etcd proxy to member {member + 1} (loopback)", "gms_ports.etcd_proxy",
-                  "all hosts") for member in range(ETCD_MEMBERS_MAX)),
+                  "all hosts") for member in range(max(ETCD_MEMBER_COUNTS))),  # a port for each possible member
     ]
     for cohort in range(cohorts):
         cp = cohort_ports(ports, cohort)

@@ -40,7 +40,7 @@ def ensure_secrets(plan: Plan) -> list[str]:
         written.append(env_path)
     hosts = [(n.host, n.address) for n in plan.nodes]
     infra = [(n.host, n.address) for n in plan.infra.hosts]
-    written += ensure_pki(os.path.join(root, "pki"), plan.deployment, hosts, infra)
+    written += ensure_pki(os.path.join(root, "pki"), plan.deployment, hosts, infra, etcd_clients=plan.etcd_tls)
     return written
 
 

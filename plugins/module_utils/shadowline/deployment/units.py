@@ -185,8 +185,9 @@ def nats_unit(plan: Plan, host: str) -> str:
 
 def frontend_unit(plan: Plan) -> str:
     process = plan.infra.frontend
-    infra = [plan.unit_name("etcd"), plan.unit_name("nats"), *etcd_proxy_needed(plan)]
-    wants = tuple(f"Wants={unit}" for unit in etcd_proxy_needed(plan))
+    proxy = etcd_proxy_needed(plan)
+    infra = [plan.unit_name("etcd"), plan.unit_name("nats"), *proxy]
+    wants = tuple(f"Wants={unit}" for unit in proxy)
     description = f"shadowline {plan.deployment}: Dynamo frontend (OpenAI API)"
     # always: Dynamo's runtime ends the frontend with status 0 when its etcd lease is lost (a long etcd outage)
     if plan.container:
