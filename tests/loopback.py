@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 HOST = "127.0.0.1"
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
@@ -70,6 +70,23 @@ def wait_healthy(url: str, timeout: float = 20, what: str = "etcd") -> None:
     wait_until(lambda: http_status(f"{url}/health") == 200, timeout, what=f"{what} /health")
 
 
+def start_server(argv: Sequence[str], log: Path) -> subprocess.Popen:
+    """A server in a session of its own (stop_server ends its whole group), its output in ``log``."""
+    with open(log, "wb") as handle:
+        return subprocess.Popen(list(argv), stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    """Kill the server's whole process group (continued first, in case a test stopped it) and reap it."""
+    for sig in (signal.SIGCONT, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
+    process.wait(10)
+
+
 @dataclass
 class LocalEtcd:
     url: str
@@ -77,21 +94,13 @@ class LocalEtcd:
     data_dir: Path
 
     def stop(self) -> None:
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                pass
-        self.process.wait(10)
+        stop_server(self.process)
 
 
 def start_etcd(workdir: Path, name: str = "slurm-test") -> LocalEtcd:
     """A fresh etcd with its data and log (``etcd.log``) under ``workdir``, healthy when this returns."""
     argv, url = etcd_argv(name, workdir / "etcd")
-    with open(workdir / "etcd.log", "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-    etcd = LocalEtcd(url, proc, workdir / "etcd")
+    etcd = LocalEtcd(url, start_server(argv, workdir / "etcd.log"), workdir / "etcd")
     try:
         wait_healthy(url)
     except AssertionError:

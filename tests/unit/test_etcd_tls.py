@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -31,26 +30,12 @@ from shadowline.deployment.contract import parse_contract
 from shadowline.deployment.plan import Plan, build_plan
 from shadowline.deployment.secrets import ensure_secrets, host_files
 from shadowline.standin.worker import etcd_has_key_suffix
-from tests.loopback import ETCD, free_port, wait_until
+from tests.loopback import ETCD, free_port, start_server, stop_server, wait_until
 
 from .helpers import hostvars
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 ETCDCTL = shutil.which("etcdctl") or "/usr/bin/etcdctl"
-
-
-def _start(argv: list[str] | tuple[str, ...], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as handle:
-        return subprocess.Popen(list(argv), stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=10)
 
 
 @dataclasses.dataclass
@@ -80,7 +65,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         shutil.copyfile(item["src"], item["dest"])
         os.chmod(item["dest"], int(item["mode"], 8))
     os.makedirs(f"{plan.state_dir}/etcd", mode=0o700, exist_ok=True)
-    etcd = _start(plan.infra.etcd[0].argv, work / "etcd.log")
+    etcd = start_server(plan.infra.etcd[0].argv, work / "etcd.log")
     endpoint = plan.infra.etcd_endpoints
     try:
         context = etcd_context(plan)
@@ -90,7 +75,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         assert "authentication enabled" in ensure_etcd_auth(endpoint, plan.deployment, passwords, context=context)
         yield Secured(plan, endpoint, work)
     finally:
-        _stop(etcd)
+        stop_server(etcd)
 
 
 def test_the_member_takes_only_tls_with_a_certificate_of_the_deployment(secured: Secured):
@@ -134,7 +119,7 @@ def test_dynamos_grpc_reaches_etcd_through_the_hosts_proxy(secured: Secured):
         Path(path).write_text(text)
     check = subprocess.run([*proxy.argv, "-c"], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
-    proc = _start(proxy.argv, secured.workdir / "haproxy.log")
+    proc = start_server(proxy.argv, secured.workdir / "haproxy.log")
     endpoint = plan.cohort(0).ranks[0].process.env["ETCD_ENDPOINTS"]
     assert endpoint == f"http://127.0.0.1:{plan.ports.etcd_proxy}"
     user = f"{DYNAMO}:{read_secret(f'{secured.workdir}/controller/etcd-dynamo.password')}"
@@ -152,4 +137,4 @@ def test_dynamos_grpc_reaches_etcd_through_the_hosts_proxy(secured: Secured):
         # HTTP/2 frames or nothing; "unknown", never an exception (a woken stand-in crashed on BadStatusLine)
         assert all(etcd_has_key_suffix(endpoint, "v1/", "/unit") is None for _unused in range(20))
     finally:
-        _stop(proc)
+        stop_server(proc)
