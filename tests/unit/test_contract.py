@@ -262,6 +262,23 @@ def test_gms_binaries_are_absolute_paths_and_reach_the_plan():
     argv = {p["argv"][0] for p in result.plan.to_dict()["infra"]["etcd"]} | {
         p["argv"][0] for p in result.plan.to_dict()["infra"]["nats"]}
     assert argv == {"/opt/etcd-v3.5.17/etcd", "/usr/sbin/nats-server"}
+    assert problems_of(gms_binaries={"haproxy": "haproxy"}) == [
+        "gms_binaries.haproxy: must be an absolute path without spaces, got the string 'haproxy'. Fix: set "
+        "gms_binaries.haproxy to an absolute path such as /usr/sbin/haproxy."]
+
+
+def test_the_etcd_proxys_ports_are_in_the_collision_checks():
+    """The etcd proxy keeps three loopback ports from gms_ports.etcd_proxy (one per possible member): one that
+    lands on another port of the deployment is refused, naming both."""
+    from shadowline.deployment.ports import port_problems
+
+    hv, hosts = hostvars(1, gms_ports={"etcd_proxy": 8479})  # 8479, 8480 (the agent's metrics), 8481
+    contract, problems = parse_contract(hv, hosts)
+    assert contract is not None and problems == []
+    assert [str(p) for p in port_problems(contract.ports, 2)] == [
+        "gms_ports.etcd_proxy: port 8480 is used by both the agent metrics and the etcd proxy to member 2 "
+        "(loopback). Fix: move gms_ports.etcd_proxy or gms_ports.agent_metrics so the ranges do not overlap (each "
+        "cohort takes one master, one system and one NIXL port)."]
 
 
 # -- the runtime's source, by python_env_mode (issue #16) ----------------------------------------------------- #
