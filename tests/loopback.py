@@ -131,15 +131,47 @@ def read_request(client: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
+def read_response(upstream: socket.socket) -> bytes:
+    """One whole HTTP answer from ``upstream``: the headers, then Content-Length bytes of body or chunks up to the
+    last (empty) one; what came when the connection ends first."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = upstream.recv(65536)
+        if not chunk:
+            return answer
+        answer += chunk
+    head, _sep, body = answer.partition(b"\r\n\r\n")
+    lines = [line.lower() for line in head.split(b"\r\n")[1:]]
+    length = next((int(line.split(b":", 1)[1]) for line in lines if line.startswith(b"content-length:")), None)
+    chunked = any(line.startswith(b"transfer-encoding:") and b"chunked" in line for line in lines)
+
+    def whole() -> bool:
+        if chunked:
+            return body.endswith(b"0\r\n\r\n")
+        return length is not None and len(body) >= length
+
+    while not whole():
+        chunk = upstream.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 class CuttingProxy:
     """A TCP proxy to etcd that cuts every ``every``-th answer in half and closes the connection; with ``only``,
-    just the answers to requests that contain it (e.g. ``b"/v3/kv/txn"``), the rest passed whole."""
+    just the answers to requests that contain it (e.g. ``b"/v3/kv/txn"``), the rest passed whole (``every=0``:
+    none cut). A connection carries requests one after another (a client's kept-alive connection) until its client
+    or etcd closes it, or after ``per_connection`` whole answers (a server that closes idle connections)."""
 
-    def __init__(self, target: tuple[str, int], every: int, only: bytes | None = None) -> None:
+    def __init__(self, target: tuple[str, int], every: int, only: bytes | None = None,
+                 per_connection: int = 0) -> None:
         self.target = target
         self.every = every
         self.only = only
+        self.per_connection = per_connection
         self.count = 0
+        self.connections = 0  # accepted so far
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         threading.Thread(target=self.serve, daemon=True).start()
@@ -150,27 +182,30 @@ class CuttingProxy:
                 client, _unused = self.listener.accept()
             except OSError:
                 return
+            self.connections += 1
             threading.Thread(target=self.relay, args=(client,), daemon=True).start()
 
     def relay(self, client: socket.socket) -> None:
         with client, socket.create_connection(self.target, timeout=5) as upstream:
             client.settimeout(5)
-            request = read_request(client)
-            cut = False
-            if self.only is None or self.only in request:
-                self.count += 1
-                cut = self.count % self.every == 0
-            upstream.sendall(request)
-            answer = b""
+            answered = 0
             try:
-                while True:  # urllib asks for Connection: close: the answer ends when etcd closes
-                    chunk = upstream.recv(65536)
-                    if not chunk:
-                        break
-                    answer += chunk
+                while request := read_request(client):
+                    cut = False
+                    if self.only is None or self.only in request:
+                        self.count += 1
+                        cut = bool(self.every) and self.count % self.every == 0
+                    upstream.sendall(request)
+                    answer = read_response(upstream)
+                    if cut or not answer:
+                        client.sendall(answer[: len(answer) // 2])
+                        return
+                    client.sendall(answer)
+                    answered += 1
+                    if answered == self.per_connection:
+                        return  # closed while the client keeps it for its next request
             except OSError:
                 pass
-            client.sendall(answer[: len(answer) // 2] if cut else answer)
 
     def close(self) -> None:
         self.listener.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from shadowline.control.coordination import FAILED, RUNNING, Coordination, Keys, Slot
 from shadowline.control.etcd_client import Etcd, EtcdError
 from shadowline.control.feed import EtcdFeed
+from shadowline.control.http import KeptConnections
 
 from ..loopback import CuttingProxy, start_etcd, wait_until
 
@@ -52,6 +54,54 @@ def test_answers_cut_short_are_etcd_errors_and_another_endpoint_answers(etcd_ser
     finally:
         proxy.close()
         Etcd(etcd_server.url).delete_prefix("cut/")
+
+
+def test_calls_share_kept_alive_connections(etcd_server):
+    """One connection (one TLS handshake, over TLS) carries a client's calls; threads calling at once each get one,
+    and no more than KeptConnections.IDLE_PER_ORIGIN stay open after them."""
+    proxy = CuttingProxy(target_of(etcd_server.url), every=0)
+    try:
+        etcd = Etcd(proxy.url)
+        for i in range(30):
+            etcd.put(f"kept/{i}", "x")
+            assert etcd.get(f"kept/{i}").value == b"x"
+        assert proxy.connections == 1
+        failures: list[BaseException] = []
+
+        def calls(n: int) -> None:
+            try:
+                for i in range(20):
+                    etcd.put(f"kept/{n}/{i}", "y")
+            except BaseException as err:  # noqa: BLE001 (reported by the assert below)
+                failures.append(err)
+
+        threads = [threading.Thread(target=calls, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not failures
+        assert 1 < proxy.connections <= 9
+        assert len(etcd._connections._idle[proxy.url]) <= KeptConnections.IDLE_PER_ORIGIN  # noqa: SLF001
+    finally:
+        proxy.close()
+        Etcd(etcd_server.url).delete_prefix("kept/")
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced(etcd_server):
+    """A kept connection that the server closed after its last answer fails at the next request: that request
+    goes out again on a new connection, and the call succeeds (never an EtcdError for it)."""
+    proxy = CuttingProxy(target_of(etcd_server.url), every=0, per_connection=1)
+    try:
+        etcd = Etcd(proxy.url, timeout=2.0, deadline=2.0)
+        for i in range(20):
+            etcd.put(f"idle/{i}", "x")
+            assert etcd.get(f"idle/{i}").value == b"x"
+            time.sleep(0.01)  # the proxy's close reaches the client before its next request
+        assert proxy.connections == 40
+    finally:
+        proxy.close()
+        Etcd(etcd_server.url).delete_prefix("idle/")
 
 
 def test_one_call_over_members_that_never_answer_ends_at_its_deadline():

@@ -97,7 +97,7 @@ def test_the_gateway_refuses_a_certificate_with_a_common_name(secured: Secured):
     plan = secured.plan
     named = client_context(plan.security.ca, plan.security.client_cert, plan.security.client_key)
     password = read_secret(plan.security.password_file(AGENT))
-    etcd = Etcd(secured.endpoint, ssl_context=named, auth=EtcdAuth(AGENT, password, named))
+    etcd = Etcd(secured.endpoint, ssl_context=named, auth=EtcdAuth(AGENT, password))
     with pytest.raises(EtcdError, match="CommonName of client"):
         etcd.get("v1/")
 

@@ -86,7 +86,7 @@ def etcd_for(plan: Plan, timeout: float = 2.0, *, user: str = AGENT, password_fi
                         "this host holds no copy of the deployment's secrets: run the playbook again to install "
                         "them, or for a Slurm job, run this on one of the job's nodes") from None
     return Etcd(plan.infra.etcd_endpoints, timeout=timeout, deadline=deadline, ssl_context=context,
-                auth=EtcdAuth(user, password, context))
+                auth=EtcdAuth(user, password))
 
 
 def controller_etcd(plan: Plan, timeout: float = 2.0, deadline: float = 3.0, user: str = AGENT) -> Etcd:

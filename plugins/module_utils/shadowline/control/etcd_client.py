@@ -1,6 +1,6 @@
 """A small etcd v3 client over the JSON gateway (etcd 3.4: ``/v3/kv/*``, ``/v3/lease/*``, ``/v3/watch``).
 
-Stdlib only (urllib), so it runs on nodes from the runtime and inside Ansible modules. Keys and values
+Stdlib only (http.client), so it runs on nodes from the runtime and inside Ansible modules. Keys and values
 travel base64-encoded and 64-bit numbers as strings, as the gateway wants; this module hides both.
 
     etcd = Etcd("http://10.0.0.1:2379,http://10.0.0.2:2379")
@@ -10,7 +10,8 @@ travel base64-encoded and 64-bit numbers as strings, as the gateway wants; this 
         print(kv.key, kv.lease)
 
 Endpoints are tried in turn: one that refuses the connection or times out is skipped (and the last one
-that answered is tried first next time). An error of etcd itself (a bad request, an unknown lease that the
+that answered is tried first next time). Calls reuse kept-alive connections (one TLS handshake per connection,
+not per call); a watch has a connection of its own, closed when it returns. An error of etcd itself (a bad request, an unknown lease that the
 call does not expect) is not retried elsewhere. Every failure raises ``EtcdError`` naming the endpoint(s).
 """
 
@@ -23,11 +24,10 @@ import socket
 import ssl
 import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from .http import direct_opener
+from .http import KeptConnections
 
 NOT_FOUND = 5  # gRPC status code etcd returns for an unknown lease
 
@@ -103,61 +103,34 @@ def _normalise(endpoint: str) -> str:
     return endpoint if "://" in endpoint else f"http://{endpoint}"
 
 
-class EtcdAuth(urllib.request.BaseHandler):
-    """etcd's authentication on the JSON gateway, as a urllib handler: every request carries the user's token
-    (``/v3/auth/authenticate``, fetched on first use); a request refused for an expired or unknown token (HTTP 401)
-    gets a new token and is sent once more. The password stays in this object (never in a URL, header of a log
-    line or exception message)."""
+class EtcdAuth:
+    """etcd's authentication on the JSON gateway: the user a client acts as, and the token etcd gave it on each
+    endpoint (``/v3/auth/authenticate``, fetched on first use; a token is valid on the member that issued it). A
+    request refused for an expired or unknown token (HTTP 401) gets a new token and is sent once more (Etcd._send).
+    The password stays in this object (never in a URL, header of a log line or exception message)."""
 
-    handler_order = 400
-
-    def __init__(self, user: str, password: str, context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, user: str, password: str) -> None:
         self.user = user
         self._password = password
-        self._open = direct_opener(context)
-        self._tokens: dict[str, str] = {}  # per endpoint (a token is valid on the member that issued it)
+        self._tokens: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"EtcdAuth({self.user!r})"
 
-    def token(self, endpoint: str, timeout: float, fresh: bool = False) -> str:
-        if fresh or endpoint not in self._tokens:
-            body = json.dumps({"name": self.user, "password": self._password}).encode()
-            request = urllib.request.Request(endpoint + "/v3/auth/authenticate", data=body, method="POST",
-                                             headers={"Content-Type": "application/json"})
-            try:
-                with self._open(request, timeout) as response:
-                    token = json.loads(response.read()).get("token")
-            except urllib.error.HTTPError as err:
-                message = error_body(err).get("message") or err.reason
-                raise urllib.error.HTTPError(err.url, err.code, f"etcd user {self.user}: {message}", err.headers,
-                                             None) from None
-            except (ValueError, AttributeError):  # an answer cut short, or not the JSON object etcd sends
-                token = None
-            if not isinstance(token, str) or not token:
-                raise urllib.error.URLError(f"etcd at {endpoint} gave user {self.user} no token (answer cut short?)")
-            self._tokens[endpoint] = token
-        return self._tokens[endpoint]
+    def credentials(self) -> bytes:
+        return json.dumps({"name": self.user, "password": self._password}).encode()
 
-    @staticmethod
-    def _endpoint(request: urllib.request.Request) -> str:
-        return f"{request.type}://{request.host}"
 
-    def http_request(self, request: urllib.request.Request) -> urllib.request.Request:
-        if request.selector != "/v3/auth/authenticate":
-            timeout = getattr(request, "timeout", None) or 2.0
-            request.add_unredirected_header("Authorization", self.token(self._endpoint(request), timeout))
-        return request
+AUTHENTICATE = "/v3/auth/authenticate"
 
-    https_request = http_request
 
-    def http_error_401(self, request: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any) -> Any:
-        if getattr(request, "_shadowline_retried", False) or self.parent is None:
-            return None  # the default handler raises the HTTPError
-        request._shadowline_retried = True  # type: ignore[attr-defined]
-        timeout = getattr(request, "timeout", None) or 2.0
-        request.add_unredirected_header("Authorization", self.token(self._endpoint(request), timeout, fresh=True))
-        return self.parent.open(request, timeout=timeout)
+class _Refused(Exception):
+    """etcd answered with an HTTP error status: the status and etcd's error (its ``message``, ``code``)."""
+
+    def __init__(self, status: int, error: dict[str, Any]) -> None:
+        super().__init__(error.get("message") or f"HTTP {status}")
+        self.status = status
+        self.error = error
 
 
 class Etcd:
@@ -174,13 +147,54 @@ class Etcd:
         self.deadline = max(timeout, deadline)
         self.ssl_context = ssl_context  # https:// endpoints: the deployment's CA and this client's certificate
         self.auth = auth  # etcd's role-based access: the user this client acts as (control/access.py builds it)
-        self._open = direct_opener(ssl_context, *([auth] if auth else []))
+        self._connections = KeptConnections(ssl_context)
         self._preferred = 0
 
     def __repr__(self) -> str:
         return f"Etcd({','.join(self.endpoints)!r})"
 
+    def close(self) -> None:
+        """Close the kept-alive connections (a later call opens new ones)."""
+        self._connections.close()
+
     # -- transport ------------------------------------------------------------------------------------ #
+
+    def _send(self, endpoint: str, path: str, data: bytes, timeout: float) -> bytes:
+        """POST to one endpoint as this client's user: etcd's answer, _Refused for an HTTP error status; OSError
+        or http.client.HTTPException when no whole answer came."""
+        for fresh in (False, True):
+            status, payload = self._connections.post(endpoint, path, data, self._headers(endpoint, timeout, fresh),
+                                                     timeout)
+            if status == 401 and self.auth is not None and not fresh:
+                continue  # an expired or unknown token (etcd restarted, or its TTL passed): a new one, once
+            if status >= 400:
+                raise _Refused(status, error_message(payload))
+            return payload
+        raise AssertionError("unreachable")
+
+    def _headers(self, endpoint: str, timeout: float, fresh: bool) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.auth is not None:
+            headers["Authorization"] = self._token(endpoint, timeout, fresh)
+        return headers
+
+    def _token(self, endpoint: str, timeout: float, fresh: bool) -> str:
+        auth = self.auth
+        assert auth is not None
+        if fresh or endpoint not in auth._tokens:  # noqa: SLF001 (the tokens are this client's to keep)
+            status, payload = self._connections.post(endpoint, AUTHENTICATE, auth.credentials(),
+                                                     {"Content-Type": "application/json"}, timeout)
+            if status >= 400:
+                error = error_message(payload)
+                raise _Refused(status, {**error, "message": f"etcd user {auth.user}: {error.get('message')}"})
+            try:
+                token = json.loads(payload).get("token")
+            except (ValueError, AttributeError):  # an answer cut short, or not the JSON object etcd sends
+                token = None
+            if not isinstance(token, str) or not token:
+                raise http.client.HTTPException(f"etcd gave user {auth.user} no token (answer cut short?)")
+            auth._tokens[endpoint] = token  # noqa: SLF001
+        return auth._tokens[endpoint]  # noqa: SLF001
 
     def _order(self) -> list[int]:
         n = len(self.endpoints)
@@ -197,26 +211,20 @@ class Etcd:
             if remaining <= 0.01:
                 failures.append(f"{endpoint}: not tried, the call's deadline ({self.deadline:g} s) passed")
                 continue
-            request = urllib.request.Request(endpoint + path, data=data, method="POST",
-                                             headers={"Content-Type": "application/json"})
             try:
-                with self._open(request, min(self.timeout, remaining)) as response:
-                    payload = response.read()
-            except urllib.error.HTTPError as err:
-                error = error_body(err)
-                code = error.get("code")
+                payload = self._send(endpoint, path, data, min(self.timeout, remaining))
+            except _Refused as err:
+                code = err.error.get("code")
                 if allow_not_found and code == NOT_FOUND:
                     self._preferred = index
                     return {"_not_found": True}
-                message = f"{endpoint}: {error.get('message') or err.reason} (HTTP {err.code})"
-                if err.code >= 500:  # e.g. a member without a leader: another member may answer
-                    failures.append(message)
+                if err.status >= 500:  # e.g. a member without a leader: another member may answer
+                    failures.append(f"{endpoint}: {err} (HTTP {err.status})")
                     continue
-                raise EtcdError(f"etcd at {endpoint} refused {path}: {error.get('message') or err.reason} "
-                                f"(HTTP {err.code})", endpoint, code) from None
-            except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as err:
-                reason = getattr(err, "reason", None) or repr(err)  # a truncated answer: BadStatusLine, IncompleteRead
-                failures.append(f"{endpoint}: {reason}")
+                raise EtcdError(f"etcd at {endpoint} refused {path}: {err} (HTTP {err.status})", endpoint,
+                                code) from None
+            except (OSError, http.client.HTTPException) as err:  # a truncated answer: BadStatusLine, IncompleteRead
+                failures.append(f"{endpoint}: {err!r}")
                 continue
             self._preferred = index
             try:  # etcd always answers with a JSON object: nothing at all is an answer cut short
@@ -331,27 +339,44 @@ class Etcd:
         failures = []
         for index in self._order():
             endpoint = self.endpoints[index]
-            request = urllib.request.Request(endpoint + "/v3/watch", data=body, method="POST",
-                                             headers={"Content-Type": "application/json"})
             if deadline - time.monotonic() <= 0:
                 break
+            connection = self._connections.open(endpoint, self.timeout)  # a stream ends only when closed
             try:  # a slow member gets its whole timeout to start the stream; the wait for events is the caller's
-                response = self._open(request, self.timeout)
-            except urllib.error.HTTPError as err:
-                raise EtcdError(f"etcd at {endpoint} refused a watch of {prefix!r}: "
-                                f"{error_body(err).get('message') or err.reason}", endpoint) from None
-            except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as err:
-                failures.append(f"{endpoint}: {getattr(err, 'reason', None) or repr(err)}")
+                response = self._start_watch(connection, endpoint, body)
+            except _Refused as err:
+                connection.close()
+                raise EtcdError(f"etcd at {endpoint} refused a watch of {prefix!r}: {err}", endpoint) from None
+            except (OSError, http.client.HTTPException) as err:
+                connection.close()
+                failures.append(f"{endpoint}: {err!r}")
                 continue
             self._preferred = index
-            with response:
-                return _read_events(response, endpoint, prefix, deadline)
+            try:
+                return _read_events(response, connection.sock, endpoint, prefix, deadline)
+            finally:
+                connection.close()
         raise EtcdError("no etcd endpoint answered a watch: " + "; ".join(failures))
 
+    def _start_watch(self, connection: http.client.HTTPConnection, endpoint: str,
+                     body: bytes) -> http.client.HTTPResponse:
+        """The watch's stream, its first answer read (a new token once when etcd refuses the one held)."""
+        for fresh in (False, True):
+            connection.request("POST", "/v3/watch", body=body, headers=self._headers(endpoint, self.timeout, fresh))
+            response = connection.getresponse()
+            if response.status == 401 and self.auth is not None and not fresh:
+                response.read()  # the refusal is a whole answer: the connection carries the next request
+                continue
+            if response.status >= 400:
+                raise _Refused(response.status, error_message(response.read()))
+            return response
+        raise AssertionError("unreachable")
 
-def _read_events(response: Any, endpoint: str, prefix: str, deadline: float) -> list[Event]:
-    """Read the gateway's newline-delimited stream until events arrive or the deadline passes."""
-    sock = _socket_of(response)
+
+def _read_events(response: http.client.HTTPResponse, sock: socket.socket | None, endpoint: str, prefix: str,
+                 deadline: float) -> list[Event]:
+    """Read the gateway's newline-delimited stream until events arrive or the deadline passes (``sock``: the
+    stream's, to give each read its own timeout)."""
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -400,14 +425,6 @@ def _event(data: dict[str, Any]) -> Event:
                  mod_revision=int(kv.get("mod_revision", 0)))
 
 
-def _socket_of(response: Any) -> socket.socket | None:
-    """The socket under an urllib response, to give each read of a stream its own timeout."""
-    try:
-        return response.fp.raw._sock  # http.client.HTTPResponse -> SocketIO -> socket
-    except AttributeError:
-        return None
-
-
 def _revision(answer: dict[str, Any]) -> int:
     try:
         return int(answer.get("header", {}).get("revision", 0))
@@ -415,15 +432,19 @@ def _revision(answer: dict[str, Any]) -> int:
         raise EtcdError(f"etcd answered with a malformed header: {err}") from None
 
 
-def error_body(err: urllib.error.HTTPError) -> dict[str, Any]:
+def error_message(body: bytes) -> dict[str, Any]:
     """etcd's JSON error, or its text as the message (the gateway answers some refusals in plain text, e.g. a
     client certificate with a common name while authentication is on)."""
     try:
-        body = err.read() or b"{}"
-    except OSError:
-        return {}
-    try:
-        data = json.loads(body)
+        data = json.loads(body or b"{}")
     except ValueError:
         return {"message": body.decode("utf-8", "replace").strip()[:300]}
     return data if isinstance(data, dict) else {}
+
+
+def error_body(err: urllib.error.HTTPError) -> dict[str, Any]:
+    """error_message of an urllib refusal (the etcd role's setup, control/access.py)."""
+    try:
+        return error_message(err.read())
+    except (OSError, http.client.HTTPException):
+        return {}
