@@ -70,11 +70,13 @@ def wait_healthy(url: str, timeout: float = 20, what: str = "etcd") -> None:
     wait_until(lambda: http_status(f"{url}/health") == 200, timeout, what=f"{what} /health")
 
 
-def start_server(argv: Sequence[str], log: Path) -> subprocess.Popen:
-    """A server in a session of its own (stop_server ends its whole group), its output in ``log``."""
+def start_server(argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A server in a session of its own (stop_server ends its whole group), its output in ``log``; its environment
+    PATH and ``env`` alone."""
     with open(log, "wb") as handle:
         return subprocess.Popen(list(argv), stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+                                start_new_session=True,
+                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(env or {})})
 
 
 def stop_server(process: subprocess.Popen) -> None:

@@ -89,6 +89,14 @@ def test_every_command_stands_in_the_script_literally(tmp_path):
         assert '--master-addr "${SL_ADDR_0}"' in body and "--headless" in body
         assert "-m shadowline.control.watchdog" in body
     assert "--kill-on-bad-exit=1" in script.split("step_cohort_0() {", 1)[1].split("}", 1)[0]
+    # etcd over TLS: Dynamo's processes reach it through each node's etcd proxy on loopback
+    assert plan["infra"]["etcd_endpoints"] == "https://@SL_ADDR_0@:2379"
+    assert "ETCD_ENDPOINTS=http://127.0.0.1:23790" in script.split("task_cohort_0() {", 1)[1].split("\n}\n", 1)[0]
+    proxy = script.split("task_etcd_proxy() {", 1)[1].split("\n}\n", 1)[0]
+    assert proxy.count("-m shadowline.slurm.etcd_proxy") == 2  # a branch per node
+    assert '--route "23790=slurm-node-0@${SL_ADDR_0}:2379"' in proxy
+    assert "--cert /tmp/shadowline-llama/config/secrets/client.pem" in proxy
+    assert "node_tasks wait-listening \\\n        --port 23790 \\\n" in script and "step_etcd_proxy_wait() {" in script
     for option in ("--partition=gpu", "--account=proj-42", "--qos=high", "--time=2-00:00:00", "--exclusive",
                    "--gpus-per-node=8", "--job-name=llama-serve", "--output=/shared/jobs/%x-%j.log",
                    "--signal=B:TERM@120", "--nodes=2", "--constraint=h100"):
@@ -125,7 +133,7 @@ def test_spec_round_trip_and_addresses(tmp_path):
     assert options.stop_grace_s == 30 and options.modules == () and options.node_dir == "/tmp/shadowline-llama"
     plan = Plan.from_dict(concrete(spec["plan"], [Node("gpu-a", "10.0.0.1"), Node("gpu-b", "10.0.0.2")]))
     assert plan.failover.relaunch_backoff_s == 0.2 and plan.python == "/opt/dynamo/venv/bin/python"
-    assert plan.infra.etcd_endpoints == "http://10.0.0.1:2379"
+    assert plan.infra.etcd_endpoints == "https://10.0.0.1:2379" and plan.etcd_tls
     ranks = plan.cohort(1).ranks
     assert ranks[1].process.env["DYN_SYSTEM_HOST"] == "10.0.0.2"
     assert "10.0.0.1" in ranks[1].process.argv  # --master-addr: the first node

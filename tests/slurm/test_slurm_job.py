@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from shadowline.control.access import client_context
 from shadowline.control.etcd_client import Etcd, EtcdAuth, EtcdError
 from shadowline.model.spec import spec_from_inventory
 from shadowline.model.stage import ensure_model
@@ -162,16 +163,18 @@ def test_job_serves_through_the_frontend(job):
     assert set(first) >= {"time", "node", "cohort", "generation", "event", "detail"}
 
 
-def test_the_jobs_control_plane_is_closed(job):
+def test_the_jobs_control_plane_is_closed(job, tmp_path_factory):
     """The job's own credentials (slurm/job_secrets.py): on every node in the node directory, the job user's
     only, no CA key and no bundle left; no password in the script, the job directory or a process's arguments;
-    etcd refuses a client without a password and the engines' identity on the agents' keys; NATS refuses a
-    client without the job's certificate."""
+    etcd takes only TLS with a certificate of the job's CA (each node's etcd proxy, on loopback only, carries the
+    engines' plain gRPC to it) and refuses a client without a password and the engines' identity on the agents'
+    keys; NATS refuses a client without the job's certificate."""
     wait_for(lambda: any(e["event"] == "deployment-ready" for e in events(job["dir"])), 120, "the deployment")
     plan = job_json(job["dir"])["plan"]
     secrets = plan["security"]["dir"]
     expected = {"ca.crt": "644", "client.crt": "644", "client.key": "600", "server.crt": "644", "server.key": "600",
-                "dynamo.env": "600", "etcd-agent.password": "600"}
+                "dynamo.env": "600", "etcd-agent.password": "600", "client.pem": "600", "etcd-client.crt": "644",
+                "etcd-client.key": "600"}
     for host in ("node0", "node1"):
         listing = on(host, "bash", "-c", f"cd {secrets} && stat -c '%a %U %n' . *").splitlines()
         modes = {name: mode for mode, _owner, name in (line.split(" ", 2) for line in listing)}
@@ -188,14 +191,26 @@ def test_the_jobs_control_plane_is_closed(job):
         for host in ("node0", "node1"):
             assert password not in on(host, "ps", "-eo", "args", "--no-headers")
     endpoint = plan["infra"]["etcd_endpoints"].split(",")[0]
-    assert endpoint == "http://198.18.3.10:2379"
+    assert endpoint == "https://198.18.3.10:2379"
+    with pytest.raises(EtcdError):  # plain text: refused in the handshake
+        Etcd(endpoint.replace("https://", "http://"), timeout=3, deadline=3).get_prefix("v1/")
+    files = tmp_path_factory.mktemp("job-etcd-tls")
+    for name in ("ca.crt", "etcd-client.crt", "etcd-client.key"):
+        (files / name).write_text(on("node0", "cat", f"{secrets}/{name}"))
+    with pytest.raises(EtcdError):  # TLS without a client certificate of the job's CA: refused
+        Etcd(endpoint, timeout=3, deadline=3, ssl_context=client_context(str(files / "ca.crt"))).get_prefix("v1/")
+    tls = client_context(str(files / "ca.crt"), str(files / "etcd-client.crt"), str(files / "etcd-client.key"))
     with pytest.raises(EtcdError, match="user name is empty|permission denied"):
-        Etcd(endpoint, timeout=3).put("/shadowline/slurmtest/forged", "x")
+        Etcd(endpoint, timeout=3, ssl_context=tls).put("/shadowline/slurmtest/forged", "x")
     with pytest.raises(EtcdError, match="authentication failed"):
-        Etcd(endpoint, timeout=3, auth=EtcdAuth("agent", "not-the-password")).get_prefix("v1/")
+        Etcd(endpoint, timeout=3, ssl_context=tls, auth=EtcdAuth("agent", "not-the-password")).get_prefix("v1/")
     with pytest.raises(EtcdError, match="permission denied"):
-        Etcd(endpoint, timeout=3, auth=EtcdAuth("dynamo", dynamo)).put("/shadowline/slurmtest/forged", "x")
-    assert Etcd(endpoint, timeout=3, auth=EtcdAuth("agent", agent)).get_prefix("v1/"), "the agents' identity reads"
+        Etcd(endpoint, timeout=3, ssl_context=tls, auth=EtcdAuth("dynamo", dynamo)).put("/shadowline/slurmtest/x", "x")
+    assert Etcd(endpoint, timeout=3, ssl_context=tls, auth=EtcdAuth("agent", agent)).get_prefix("v1/"), \
+        "the agents' identity reads (the engines registered through their nodes' etcd proxies)"
+    for host in ("node0", "node1"):  # each node's proxy: loopback only
+        listening = on(host, "ss", "-Hltn", "sport = :23790")
+        assert "127.0.0.1:23790" in listening and "198.18.3." not in listening, f"{host}: {listening}"
     nats = plan["infra"]["nats_server"].split(",")[0]
     assert nats.startswith("tls://198.18.3.10:")
     raw = socket.create_connection(("198.18.3.10", int(nats.rsplit(":", 1)[1])), timeout=5)
@@ -274,7 +289,7 @@ def test_orderly_stop_before_the_time_limit(job):
     assert next(e for e in record if e["event"] == "shutdown")["detail"]["reason"] == "SIGTERM"
     stopped = [e["detail"]["step"] for e in record if e["event"] == "step-stopped"]
     assert stopped[:2] == ["cohort_1", "cohort_0"], "the parked shadow first, the serving cohort after it"
-    assert stopped[2:] == ["frontend", "nats", "etcd", "gms"]
+    assert stopped[2:] == ["frontend", "nats", "etcd", "gms", "etcd_proxy"]
     cleanup = [e for e in record if e["event"] == "step-ended" and e["detail"].get("step") == "cleanup"]
     assert cleanup and cleanup[0]["detail"]["exit"] == 0, kinds
     assert "JobState=COMPLETED" in on("node0", "scontrol", "show", "job", job_id)

@@ -1,7 +1,8 @@
-"""etcd's clients over TLS as the plan renders it, against a real etcd 3.4 and a real HAProxy on loopback
-(issue #13): the member the plan starts takes only TLS with a client certificate of the deployment's CA; the
-agents' and the controller's JSON-gateway clients (control/access.py) work with their certificates without a
-common name; Dynamo's gRPC reaches etcd through the host's etcd proxy with its own identity and no more."""
+"""etcd's clients over TLS as the plan renders it, against a real etcd 3.4 on loopback, with a real HAProxy and the
+Slurm job's Python proxy (issue #13): the member the plan starts takes only TLS with a client certificate of the
+deployment's CA; the agents' and the controller's JSON-gateway clients (control/access.py) work with their
+certificates without a common name; Dynamo's gRPC reaches etcd through the host's etcd proxy with its own identity
+and no more; the proxy checks the member's certificate names the member."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -27,7 +29,8 @@ from shadowline.control.access import (
 from shadowline.control.etcd_client import Etcd, EtcdAuth, EtcdError
 from shadowline.control.http import http_get
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import Plan, build_plan
+from shadowline.deployment.plan import HAPROXY as HAPROXY_KIND
+from shadowline.deployment.plan import PYTHON_PROXY, Plan, build_plan
 from shadowline.deployment.secrets import ensure_secrets, host_files
 from shadowline.standin.worker import etcd_has_key_suffix
 from tests.loopback import ETCD, free_port, start_server, stop_server, wait_until
@@ -35,6 +38,7 @@ from tests.loopback import ETCD, free_port, start_server, stop_server, wait_unti
 from .helpers import hostvars
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
+REPO = Path(__file__).resolve().parents[2]
 ETCDCTL = shutil.which("etcdctl") or "/usr/bin/etcdctl"
 
 
@@ -43,6 +47,7 @@ class Secured:
     plan: Plan
     endpoint: str
     workdir: Path
+    inputs: tuple[dict, list[str]]  # the hostvars and hosts the plan was built from
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +78,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         passwords = {user: read_secret(plan.security.password_file(user)) for user in ("root", AGENT)}
         passwords[DYNAMO] = read_secret(f"{work}/controller/etcd-dynamo.password")
         assert "authentication enabled" in ensure_etcd_auth(endpoint, plan.deployment, passwords, context=context)
-        yield Secured(plan, endpoint, work)
+        yield Secured(plan, endpoint, work, (hv, hosts))
     finally:
         stop_server(etcd)
 
@@ -109,17 +114,36 @@ def test_a_missing_certificate_is_named(secured: Secured):
         etcd_for(dataclasses.replace(plan, security=moved), password_file=plan.security.password_file(AGENT))
 
 
-@pytest.mark.skipif(not (os.path.exists(HAPROXY) and os.path.exists(ETCDCTL)), reason="no haproxy or etcdctl")
-def test_dynamos_grpc_reaches_etcd_through_the_hosts_proxy(secured: Secured):
-    """The plan's HAProxy configuration, run by HAProxy: etcdctl's gRPC (what Dynamo's client speaks) on the
-    loopback port of Dynamo's ETCD_ENDPOINTS reaches the member over TLS, as the engines' identity and no more."""
+def start_proxy(secured: Secured, kind: str) -> subprocess.Popen:
+    """The plan's etcd proxy of its one host: HAProxy from the plan's configuration (a playbook deployment's), or
+    the Python proxy with the plan's argv (a Slurm job's), run by this interpreter."""
+    if kind == HAPROXY_KIND:
+        proxy = secured.plan.infra.etcd_proxies[0]
+        for path, text in proxy.files.items():
+            Path(path).write_text(text)
+        check = subprocess.run([*proxy.argv, "-c"], capture_output=True, text=True, check=False)
+        assert check.returncode == 0, check.stdout + check.stderr
+        return start_server(proxy.argv, secured.workdir / "haproxy.log")
+    contract, _problems = parse_contract(*secured.inputs)
+    assert contract is not None
+    plan = build_plan(contract, state_dir=secured.plan.state_dir, config_dir=secured.plan.config_dir,
+                      etcd_proxy=PYTHON_PROXY)
+    argv = plan.infra.etcd_proxies[0].argv
+    assert argv[1:3] == ("-m", "shadowline.slurm.etcd_proxy") and not plan.infra.etcd_proxies[0].files
+    return start_server([sys.executable, *argv[1:]], secured.workdir / "python-proxy.log",
+                        env={"PYTHONPATH": str(REPO / "plugins" / "module_utils")})
+
+
+@pytest.mark.skipif(not os.path.exists(ETCDCTL), reason="no etcdctl")
+@pytest.mark.parametrize("kind", [HAPROXY_KIND, PYTHON_PROXY])
+def test_dynamos_grpc_reaches_etcd_through_the_hosts_proxy(secured: Secured, kind: str):
+    """The plan's etcd proxy, HAProxy (a playbook deployment's host) or the Python proxy (a Slurm job's node):
+    etcdctl's gRPC (what Dynamo's client speaks) on the loopback port of Dynamo's ETCD_ENDPOINTS reaches the
+    member over TLS, as the engines' identity and no more."""
+    if kind == HAPROXY_KIND and not os.path.exists(HAPROXY):
+        pytest.skip("no haproxy")
     plan = secured.plan
-    proxy = plan.infra.etcd_proxies[0]
-    for path, text in proxy.files.items():
-        Path(path).write_text(text)
-    check = subprocess.run([*proxy.argv, "-c"], capture_output=True, text=True, check=False)
-    assert check.returncode == 0, check.stdout + check.stderr
-    proc = start_server(proxy.argv, secured.workdir / "haproxy.log")
+    proc = start_proxy(secured, kind)
     endpoint = plan.cohort(0).ranks[0].process.env["ETCD_ENDPOINTS"]
     assert endpoint == f"http://127.0.0.1:{plan.ports.etcd_proxy}"
     user = f"{DYNAMO}:{read_secret(f'{secured.workdir}/controller/etcd-dynamo.password')}"
@@ -138,3 +162,32 @@ def test_dynamos_grpc_reaches_etcd_through_the_hosts_proxy(secured: Secured):
         assert all(etcd_has_key_suffix(endpoint, "v1/", "/unit") is None for _unused in range(20))
     finally:
         stop_server(proc)
+
+
+@pytest.mark.skipif(not os.path.exists(ETCDCTL), reason="no etcdctl")
+def test_the_python_proxy_refuses_a_member_its_certificate_does_not_name(secured: Secured):
+    """A route to the member under a host name its certificate does not hold: no connection is carried (the
+    proxy says why on stderr), as HAProxy's ``verifyhost`` refuses it."""
+    plan, port = secured.plan, free_port()
+    member = secured.endpoint.split("//", 1)[1]
+    argv = [sys.executable, "-m", "shadowline.slurm.etcd_proxy", "--ca", plan.security.ca,
+            "--cert", plan.security.client_pem, "--route", f"{port}=not-the-member@{member}"]
+    log = secured.workdir / "wrong-host.log"
+    proc = start_server(argv, log, env={"PYTHONPATH": str(REPO / "plugins" / "module_utils")})
+    try:
+        wait_until(lambda: http_get(f"http://127.0.0.1:{port}/health", 1) is None and "Hostname mismatch" in
+                   log.read_text(), 20, what="a refused member")
+        put = subprocess.run([ETCDCTL, f"--endpoints=http://127.0.0.1:{port}", "--command-timeout=3s", "put", "k",
+                              "v"], capture_output=True, text=True, check=False, timeout=30)
+        assert put.returncode != 0
+        assert "not-the-member" in log.read_text()
+    finally:
+        stop_server(proc)
+
+
+def test_the_python_proxy_names_a_bad_route():
+    bad = subprocess.run([sys.executable, "-m", "shadowline.slurm.etcd_proxy", "--ca", "/nonexistent", "--cert", "x",
+                          "--route", "23790=member@10.0.0.1"], capture_output=True, text=True, check=False, timeout=30,
+                         env={"PYTHONPATH": str(REPO / "plugins" / "module_utils")})
+    assert bad.returncode == 2
+    assert "--route '23790=member@10.0.0.1': expected PORT=NAME@ADDRESS:PORT" in bad.stderr

@@ -16,7 +16,7 @@ import pytest
 
 from shadowline.deployment import units
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import Plan, build_plan
+from shadowline.deployment.plan import PYTHON_PROXY, Plan, build_plan
 from shadowline.deployment.ports import port_uses
 from shadowline.deployment.secrets import ensure_secrets, host_files
 
@@ -99,15 +99,17 @@ def test_secrets_are_private_and_never_in_the_plan_or_a_unit(tmp_path: Path):
 
 
 def test_etcd_client_certificates_only_where_etcds_clients_use_tls(tmp_path: Path):
-    """A Slurm job's plan (etcd's clients plain) gets no etcd client certificates and no HAProxy file: the job's
-    supervisor makes its credentials at every start."""
+    """A plan of a collection from before etcd's client TLS (etcd's clients plain) gets no etcd client certificates
+    and no proxy file."""
     hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16}, gms_secrets_dir=str(tmp_path / "tls"))
     contract, _unused = parse_contract(hv, hosts)
     assert contract is not None
     with_tls = [os.path.basename(p) for p in ensure_secrets(build_plan(contract))]
     assert with_tls.count("etcd-client.key") == 3 and with_tls.count("client.pem") == 2  # 2 hosts, the controller
     contract = dataclasses.replace(contract, secrets_dir=str(tmp_path / "plain"))
-    plain = [os.path.basename(p) for p in ensure_secrets(build_plan(contract, etcd_tls=False))]
+    older = build_plan(contract)
+    older = dataclasses.replace(older, security=dataclasses.replace(older.security, etcd_tls=False))
+    plain = [os.path.basename(p) for p in ensure_secrets(older)]
     assert "client.key" in plain and not {"etcd-client.crt", "etcd-client.key", "client.pem"} & set(plain)
 
 
@@ -402,10 +404,15 @@ def test_etcd_peers_and_clients_talk_tls_unless_insecure():
     assert "--peer-client-cert-auth" not in insecure.infra.etcd[1].argv
     assert "--client-cert-auth" not in insecure.infra.etcd[1].argv and not insecure.infra.etcd_proxies
     assert insecure.infra.etcd_endpoints.count("http://") == 3
-    job = build_plan(contract, etcd_tls=False)  # a Slurm job's
-    assert job.secure and not job.etcd_tls and not job.infra.etcd_proxies
-    assert "--client-cert-auth" not in job.infra.etcd[1].argv and job.infra.etcd_endpoints.count("http://") == 3
-    assert job.cohort(1).ranks[0].process.env["ETCD_ENDPOINTS"] == "http://198.18.0.51:2379"
+    job = build_plan(contract, etcd_proxy=PYTHON_PROXY)  # a Slurm job's: etcd over TLS, the job's own proxy
+    assert job.secure and job.etcd_tls and "--client-cert-auth" in job.infra.etcd[1].argv
+    assert job.infra.etcd_endpoints.count("https://") == 3
+    assert job.cohort(1).ranks[0].process.env["ETCD_ENDPOINTS"] == "http://127.0.0.1:23791"
+    proxy = job.infra.etcd_proxies[0]
+    assert proxy.argv[1:] == ("-m", "shadowline.slurm.etcd_proxy", "--ca", job.security.ca,
+                              "--cert", job.security.client_pem, "--route", "23790=infra0@198.18.0.50:2379",
+                              "--route", "23791=infra1@198.18.0.51:2379", "--route", "23792=infra2@198.18.0.52:2379")
+    assert not proxy.files and [p.host for p in job.infra.etcd_proxies] == [*hosts, "infra0", "infra1", "infra2"]
 
 
 def test_every_host_gets_an_etcd_proxy_to_every_member():

@@ -99,14 +99,18 @@ def controller_etcd(plan: Plan, timeout: float = 2.0, deadline: float = 3.0, use
     return etcd_for(plan, timeout, user=user, password_file=password_file, deadline=deadline, on_controller=True)
 
 
-def etcd_from_env(timeout: float = 2.0, environ: dict[str, str] | None = None) -> Etcd | None:
-    """The etcd a Dynamo process of this node uses (ETCD_ENDPOINTS, ETCD_AUTH_USERNAME/PASSWORD), None without one."""
+def etcd_from_env(timeout: float = 2.0, environ: dict[str, str] | None = None, endpoints: str | None = None,
+                  context: ssl.SSLContext | None = None) -> Etcd | None:
+    """etcd as a Dynamo process of this node (ETCD_AUTH_USERNAME/PASSWORD) at its ETCD_ENDPOINTS, or at
+    ``endpoints`` over TLS with ``context`` (its ETCD_ENDPOINTS may be the host's etcd proxy, which carries gRPC
+    only); None without endpoints."""
     env = os.environ if environ is None else environ
-    endpoints = env.get("ETCD_ENDPOINTS", "")
+    endpoints = endpoints or env.get("ETCD_ENDPOINTS", "")
     if not endpoints.strip():
         return None
     user, password = env.get("ETCD_AUTH_USERNAME"), env.get("ETCD_AUTH_PASSWORD")
-    return Etcd(endpoints, timeout=timeout, auth=EtcdAuth(user, password) if user and password else None)
+    return Etcd(endpoints, timeout=timeout, ssl_context=context,
+                auth=EtcdAuth(user, password) if user and password else None)
 
 
 # -- setting up access (the etcd role, on one infra host) ------------------------------------------------------ #

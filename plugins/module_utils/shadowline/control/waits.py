@@ -1,8 +1,10 @@
-"""Bounded polling for readiness: an HTTP status, a number of files, a lock holder. One loop for all."""
+"""Bounded polling for readiness: an HTTP status, a number of files, ports that accept, a lock holder. One loop for
+all."""
 
 from __future__ import annotations
 
 import glob
+import socket
 import ssl
 import time
 from typing import Callable
@@ -44,6 +46,19 @@ def files_check(pattern: str, count: int) -> Callable[[], str | None]:
     def check() -> str | None:
         found = len(glob.glob(pattern))
         return None if found >= count else f"{found} of {count} files matching {pattern}"
+    return check
+
+
+def listening_check(host: str, ports: list[int]) -> Callable[[], str | None]:
+    """Ready when each of ``ports`` of ``host`` accepts a TCP connection (closed at once)."""
+    def check() -> str | None:
+        refused = []
+        for port in ports:
+            try:
+                socket.create_connection((host, port), timeout=0.5).close()
+            except OSError:
+                refused.append(str(port))
+        return f"{host} refused port(s) {', '.join(refused)}" if refused else None
     return check
 
 

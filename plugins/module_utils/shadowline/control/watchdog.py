@@ -17,7 +17,9 @@ Whether a rank is hung is policy.HangPolicy's judgement, the one the node agent 
 
 On a hang it kills the child's whole process group with SIGKILL, revokes the leader's discovery registration
 (found by the ports the group listened on; the frontend stops routing to it within milliseconds, see
-discovery.py) and exits 124, so Slurm tears down the rest of the step. Otherwise it exits with the child's
+discovery.py; with the rank's own etcd identity, ETCD_AUTH_USERNAME/PASSWORD, at ``--etcd-endpoints`` over TLS
+with ``--etcd-ca/--etcd-cert/--etcd-key`` where given: a job's etcd over TLS, whose Dynamo endpoint is the node's
+gRPC-only etcd proxy) and exits 124, so Slurm tears down the rest of the step. Otherwise it exits with the child's
 status (128+N for a signal).
 
 SIGTERM and SIGINT are forwarded to the child. SIGTERM is what Slurm sends every process of a step it tears
@@ -45,8 +47,8 @@ from dataclasses import dataclass
 from .. import console
 from ..backends import BACKENDS
 from . import discovery, progress
-from .access import etcd_from_env
-from .etcd_client import EtcdError
+from .access import client_context, etcd_from_env
+from .etcd_client import Etcd, EtcdError
 from .http import http_get
 from .policy import HangPolicy
 from .proc import group_members, listening_ports, stopped
@@ -173,27 +175,45 @@ def exit_status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def revoke_registration(target: Target, ports: set[int]) -> list[int]:
+@dataclass(frozen=True)
+class EtcdSettings:
+    """Where the watchdog reaches etcd to revoke a registration: ``endpoints`` (the job's members; None: the
+    rank's ETCD_ENDPOINTS) over TLS with the CA and client certificate given (none: plain)."""
+    endpoints: str | None = None
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    def client(self) -> Etcd | None:
+        """The rank's etcd as its own identity (ETCD_AUTH_USERNAME/PASSWORD), None without endpoints."""
+        context = client_context(self.ca, self.cert, self.key) if self.ca else None
+        return etcd_from_env(timeout=1.0, endpoints=self.endpoints, context=context)
+
+
+def revoke_registration(target: Target, ports: set[int], settings: EtcdSettings) -> list[int]:
     """Revoke the rank's discovery registration: the leases of its worker, matched by the ports its process
     group listened on (taken before the kill) or by its system port."""
-    etcd = etcd_from_env(timeout=1.0)
-    if etcd is None or not target.address:
+    if not target.address:
         return []
     try:
+        etcd = settings.client()
+        if etcd is None:
+            return []
         found = discovery.worker_registrations(etcd, target.address, target.system_port, ports, target.model)
         return discovery.revoke_leases(etcd, [r.lease for r in found])
-    except EtcdError as err:
+    except (EtcdError, OSError, ValueError) as err:  # OSError, ssl.SSLError: the certificate's files
         log(f"could not revoke the registration: {err}")
         return []
 
 
-def teardown(target: Target, child: subprocess.Popen, event: str, reason: str, revoke: bool) -> None:
-    """Kill the rank's process group at once and revoke its registration; log and emit ``event``."""
+def teardown(target: Target, child: subprocess.Popen, event: str, reason: str, revoke: EtcdSettings | None) -> None:
+    """Kill the rank's process group at once and revoke its registration (unless ``revoke`` is None); log and
+    emit ``event``."""
     started = time.time()
     log(f"{event}: {reason}; killing process group {child.pid} and revoking its discovery registration")
     ports = listening_ports(group_members(child.pid)) if revoke and target.leader else set()
     kill_group(child.pid)
-    revoked = revoke_registration(target, ports) if revoke else []
+    revoked = revoke_registration(target, ports, revoke) if revoke else []
     child.wait()
     emit(event, reason=reason, detected=round(started, 3), revoked=[f"{lease:x}" for lease in revoked],
          teardown_s=round(time.time() - started, 3))
@@ -214,6 +234,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stop-grace", type=float, default=30.0,
                    help="SIGINT (an orderly stop): seconds the rank may take to exit before its group is killed")
     p.add_argument("--no-revoke", action="store_true", help="do not revoke the discovery registration on a hang")
+    p.add_argument("--etcd-endpoints", help="etcd's members, to revoke the registration (default: ETCD_ENDPOINTS)")
+    p.add_argument("--etcd-ca", help="etcd's CA certificate (its clients over TLS)")
+    p.add_argument("--etcd-cert", help="this node's etcd client certificate")
+    p.add_argument("--etcd-key", help="its key")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- ARGV of the rank")
     args = p.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -227,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     target = Target.of(args.command)
     policy = HangPolicy(health_timeout_s=args.health_timeout, progress_stall_s=args.progress_stall)
+    revoke = None if args.no_revoke else EtcdSettings(args.etcd_endpoints, args.etcd_ca, args.etcd_cert, args.etcd_key)
     probes: list[HealthProbe | ProgressProbe] = []
     if target.health_url:
         probes.append(HealthProbe(target.health_url, policy))
@@ -242,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             early.append(signum)
             return
         if signum == signal.SIGTERM and args.term_grace <= 0 and child.poll() is None:
-            teardown(target, child, "killed-on-term", "SIGTERM: the step is being torn down", not args.no_revoke)
+            teardown(target, child, "killed-on-term", "SIGTERM: the step is being torn down", revoke)
             return
         forwarded.append(signum)
         try:
@@ -277,12 +302,12 @@ def main(argv: list[str] | None = None) -> int:
             if child.poll() is None and (stopped(child.pid) or now - forwarded_at > grace):
                 why = "frozen" if stopped(child.pid) else f"still running {grace:g} s after it"
                 teardown(target, child, "hang-detected",
-                         f"asked to stop ({signal.Signals(forwarded[0]).name}) but {why}", not args.no_revoke)
+                         f"asked to stop ({signal.Signals(forwarded[0]).name}) but {why}", revoke)
                 return HANG_EXIT
         else:
             problem = next((p for p in (probe.check(time.monotonic()) for probe in probes) if p), None)
             if problem and child.poll() is None:  # (a SIGTERM during the check may have ended it already)
-                teardown(target, child, "hang-detected", problem, not args.no_revoke)
+                teardown(target, child, "hang-detected", problem, revoke)
                 return HANG_EXIT
         try:
             child.wait(timeout=args.interval)  # returns at once when the rank exits

@@ -31,6 +31,7 @@ from .pki import subject_dn
 from .ports import CohortPorts, cohort_ports
 
 FRONTEND_MIGRATION_LIMIT = 3
+HAPROXY, PYTHON_PROXY = "haproxy", "python"  # what carries Dynamo's etcd client to TLS on a host (_etcd_proxy)
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class Security:
     Dynamo's discovery keys; Dynamo's engines and frontend: the discovery keys only), and with ``etcd_tls`` client
     TLS with certificates of the deployment's CA required. Dynamo 1.6.1's etcd client has no TLS (an https://
     endpoint fails with HttpsUriWithoutTlsSupport): its processes reach etcd through a TLS proxy on their host's
-    loopback (``etcd_proxy``). A Slurm job's etcd stays plain (its nodes may have no HAProxy).
+    loopback (``etcd_proxy``: HAProxy, or on a Slurm job's nodes the job's own, slurm/etcd_proxy.py).
     NATS: TLS with client certificates of the deployment's CA, required of every client; each host's certificate
     is a NATS user allowed Dynamo's subjects only (nats_authorization).
     ``insecure`` (gms_insecure: true): neither; every run warns. No secret is in the plan: only file paths.
@@ -101,7 +102,7 @@ class Security:
     firewall_allow: tuple[str, ...] = ()  # gms_firewall_allow: sources the host firewall lets in besides the hosts
     frontend_allow: tuple[str, ...] = ()  # gms_frontend_allow: who may reach the frontend's port (empty: anyone)
     frontend_tls: str = FRONTEND_TLS_PLAIN  # gms_frontend_tls: plain, tls, mutual
-    etcd_tls: bool = False  # etcd's clients over TLS (every plan build_plan makes but a Slurm job's; older plans)
+    etcd_tls: bool = False  # etcd's clients over TLS (every secure plan build_plan makes; False in plans of older collections)
 
     @property
     def etcd_https(self) -> bool:
@@ -449,19 +450,19 @@ def runtime_python(contract: Contract) -> str:
 
 
 def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str | None = None,
-               model_view: bool = True, etcd_tls: bool = True) -> Plan:
+               model_view: bool = True, etcd_proxy: str = HAPROXY) -> Plan:
     """The plan of a contract. ``state_dir``/``config_dir`` default to the hosts' (/var/lib/shadowline/<dep>,
     /etc/shadowline/<dep>); a Slurm job passes node-local directories of its own, ``model_view`` False: its
     engines are no systemd units, so they name the model's directory itself (see Plan.model_view), and
-    ``etcd_tls`` False: no etcd proxy unit on its nodes, so etcd's clients stay plain (with authentication)."""
+    ``etcd_proxy`` PYTHON_PROXY: its nodes may have no HAProxy (slurm/etcd_proxy.py)."""
     dirs = _Dirs(state=state_dir or STATE_DIR.format(deployment=contract.deployment),
                  config=config_dir or CONFIG_DIR.format(deployment=contract.deployment))
     model_path = model_view_dir(dirs.state) if model_view else contract.model.local_dir
     security = Security(insecure=contract.insecure, dir=f"{dirs.config}/secrets", controller_dir=contract.secrets_dir,
                         firewall_allow=contract.firewall_allow, frontend_allow=contract.frontend_allow,
                         frontend_tls=contract.frontend_tls,  # Security.frontend_https: never when insecure
-                        etcd_tls=etcd_tls and not contract.insecure)
-    infra = _infra_plan(contract, dirs, security)
+                        etcd_tls=not contract.insecure)
+    infra = _infra_plan(contract, dirs, security, etcd_proxy)
     gms_servers = tuple(_gms_server(contract, node) for node in contract.nodes)
     cohorts = tuple(_cohort_plan(contract, infra, security, cohort, model_path) for cohort in range(contract.cohorts))
     return Plan(
@@ -481,7 +482,7 @@ class _Dirs:
     config: str  # NATS configuration, plan.json
 
 
-def _infra_plan(contract: Contract, dirs: _Dirs, security: Security) -> InfraPlan:
+def _infra_plan(contract: Contract, dirs: _Dirs, security: Security, etcd_proxy: str) -> InfraPlan:
     ports = contract.ports
     scheme = "https" if security.etcd_https else "http"
     etcd = ",".join(f"{scheme}://{n.address}:{ports.etcd_client}" for n in contract.infra_hosts)
@@ -505,7 +506,7 @@ def _infra_plan(contract: Contract, dirs: _Dirs, security: Security) -> InfraPla
                      frontend=Process(host=first.host, argv=argv, env=env),
                      etcd=tuple(_etcd_member(contract, dirs, security, node) for node in contract.infra_hosts),
                      nats=tuple(_nats_server(contract, dirs, security, node) for node in contract.infra_hosts),
-                     etcd_proxies=tuple(_etcd_proxy(contract, dirs, security, host)
+                     etcd_proxies=tuple(_etcd_proxy(contract, dirs, security, host, etcd_proxy)
                                         for host in dict.fromkeys(n.host for n in contract.nodes + contract.infra_hosts))
                      if security.etcd_https else ())
 
@@ -519,24 +520,33 @@ def _dynamo_etcd(contract: Contract, security: Security, members: str) -> str:
     return ",".join(f"http://127.0.0.1:{contract.ports.etcd_proxy + i}" for i in range(len(contract.infra_hosts)))
 
 
-def _etcd_proxy(contract: Contract, dirs: _Dirs, security: Security, host: str) -> Process:
-    """The etcd proxy of one host: HAProxy in TCP mode, as the service user, accepting plain connections on
-    loopback only (a port per member) and carrying each to its member over TLS, presenting the host's client
-    certificate and checking the member's against the deployment's CA and the member's host name. For Dynamo
-    1.6.1's engines and frontend, whose etcd client has no TLS (docs/security.md); the agent and the modules use
-    TLS themselves. It offers ALPN ``h2``: etcd's Go server speaks gRPC over TLS only to a client that does (a
-    plain TLS tunnel such as stunnel is answered with HTTP/1.1 and Dynamo's client never connects, measured).
-    etcd's passwords still apply: a local process without one reads and writes nothing."""
+def _etcd_proxy(contract: Contract, dirs: _Dirs, security: Security, host: str, kind: str) -> Process:
+    """The etcd proxy of one host: accepting plain connections on loopback only (a port per member) and carrying
+    each to its member over TLS, presenting the host's client certificate and checking the member's against the
+    deployment's CA and the member's host name. For Dynamo 1.6.1's engines and frontend, whose etcd client has no
+    TLS (docs/security.md); the agent and the modules use TLS themselves. It offers ALPN ``h2``: etcd's Go server
+    speaks gRPC over TLS only to a client that does (a plain TLS tunnel such as stunnel is answered with HTTP/1.1
+    and Dynamo's client never connects, measured). etcd's passwords still apply: a local process without one reads
+    and writes nothing. HAProxy in TCP mode as the service user (a host of a playbook deployment), or ``kind``
+    PYTHON_PROXY: the job's own, from the runtime's Python (a Slurm job's node, slurm/etcd_proxy.py)."""
+    routes = [(contract.ports.etcd_proxy + index, member.host, _host_port(member.address, contract.ports.etcd_client))
+              for index, member in enumerate(contract.infra_hosts)]
+    if kind == PYTHON_PROXY:
+        argv = [contract.python, "-m", "shadowline.slurm.etcd_proxy", "--ca", security.ca,
+                "--cert", security.client_pem]
+        for port, name, member in routes:
+            argv += ["--route", f"{port}={name}@{member}"]
+        return Process(host=host, argv=tuple(argv), env={})
     config_path = f"{dirs.config}/etcd-proxy.cfg"
     lines = [f"# shadowline {contract.deployment}: Dynamo's etcd client on loopback, TLS to each etcd member",
              "global", "    log stderr format raw daemon warning", "    maxconn 4096", "    nbthread 1",
              "defaults", "    mode tcp", "    log global", "    timeout connect 2s",
              # gRPC streams (watches, lease keep-alives) stay open for as long as the engine runs
              "    timeout client 1d", "    timeout server 1d"]
-    for index, member in enumerate(contract.infra_hosts):
-        lines += [f"listen etcd-{index}", f"    bind 127.0.0.1:{contract.ports.etcd_proxy + index}",
-                  f"    server member-{index} {_host_port(member.address, contract.ports.etcd_client)} ssl "
-                  f"verify required ca-file {security.ca} crt {security.client_pem} alpn h2 verifyhost {member.host}"]
+    for index, (port, name, member) in enumerate(routes):
+        lines += [f"listen etcd-{index}", f"    bind 127.0.0.1:{port}",
+                  f"    server member-{index} {member} ssl "
+                  f"verify required ca-file {security.ca} crt {security.client_pem} alpn h2 verifyhost {name}"]
     return Process(host=host, argv=(contract.binaries.haproxy, "-db", "-f", config_path), env={},
                    files={config_path: "\n".join(lines) + "\n"})
 

@@ -18,9 +18,10 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from ..control.access import etcd_tls_files
 from ..deployment.addresses import PLACEHOLDER_RE
 from ..deployment.contract import FRONTEND_TLS_PLAIN, parse_contract
-from ..deployment.plan import CohortPlan, Plan, build_plan, shell_quote
+from ..deployment.plan import PYTHON_PROXY, CohortPlan, Plan, build_plan, shell_quote
 from ..deployment.problems import Problem
 from ..deployment.values import as_int
 from .job_secrets import BUNDLE
@@ -128,10 +129,11 @@ def build_job_plan(shared: dict[str, Any], inventory_hosts: int) -> tuple[Plan |
                                 "TLS-terminating proxy with a public certificate), or deploy with playbooks/site.yml."))
     if contract is None or options is None or problems:
         return None, None, problems
-    # Unless gms_insecure: the job's etcd wants passwords and its NATS and request plane TLS, with credentials
-    # the supervisor makes for the job at its start (slurm/job_secrets.py), under <node_dir>/config/secrets.
+    # Unless gms_insecure: the job's etcd wants TLS with a client certificate and passwords, its NATS and request
+    # plane TLS, with credentials the supervisor makes for the job at its start (slurm/job_secrets.py), under
+    # <node_dir>/config/secrets; Dynamo's processes reach etcd through the job's own proxy (slurm/etcd_proxy.py).
     plan = build_plan(contract, state_dir=f"{node_dir}/state", config_dir=f"{node_dir}/config", model_view=False,
-                      etcd_tls=False)  # no etcd proxy on a job's nodes: etcd stays plain, with passwords
+                      etcd_proxy=PYTHON_PROXY)
     return plan, options, problems
 
 
@@ -253,7 +255,12 @@ def _rank_task(plan: Plan, options: SlurmOptions, cohort: CohortPlan) -> dict[st
     failover = plan.failover  # gms_failover: the same timeouts as the node agent's
     watchdog = [plan.python, "-m", WATCHDOG_MODULE, "--health-timeout", f"{failover.health_timeout_s:g}",
                 "--progress-stall", f"{failover.progress_stall_s:g}",
-                "--term-grace", f"{failover.term_grace_s:g}", "--stop-grace", f"{options.stop_grace_s:g}", "--"]
+                "--term-grace", f"{failover.term_grace_s:g}", "--stop-grace", f"{options.stop_grace_s:g}"]
+    tls = etcd_tls_files(plan)
+    if tls:  # the rank's ETCD_ENDPOINTS is the node's etcd proxy (gRPC only): the watchdog goes to etcd itself
+        watchdog += ["--etcd-endpoints", plan.infra.etcd_endpoints, "--etcd-ca", tls["ca"], "--etcd-cert", tls["cert"],
+                     "--etcd-key", tls["key"]]
+    watchdog.append("--")
     prefix = _container_prefix(plan, options)
     branches = []
     for rank in cohort.ranks:
@@ -302,6 +309,7 @@ def tasks(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
             "--count", str(plan.gpus_per_node), "--timeout", str(options.ready_timeout_s)]
     out.append({"name": "gms_wait", "by_node": False, "comment": "wait until this node's GMS server listens",
                 "pre": [], "lines": command_lines(argv, {}, prefix)})
+    out += _etcd_proxy_tasks(plan, options)
     etcd, nats, frontend = infra.etcd[0], infra.nats[0], infra.frontend
     out.append({"name": "etcd", "by_node": False,
                 "comment": f"etcd (discovery), on the first node: {infra.etcd_endpoints}",
@@ -327,6 +335,25 @@ def tasks(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
             branch["lines"] = _continued(branch["lines"])
         task["lines"] = _continued(task["lines"])
     return out
+
+
+def _etcd_proxy_tasks(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
+    """Every node's etcd proxy (slurm/etcd_proxy.py: Dynamo's etcd client on loopback, TLS to etcd) and the wait
+    until it listens; none when etcd's clients are plain (gms_insecure)."""
+    proxies = {process.host: process for process in plan.infra.etcd_proxies}
+    if not proxies:
+        return []
+    prefix = _container_prefix(plan, options)
+    branches = [{"case": str(index), "comment": f"node {index}", "pre": [],
+                 "lines": command_lines(list(proxies[node.host].argv), {}, prefix)}
+                for index, node in enumerate(plan.nodes)]
+    ports = [str(plan.ports.etcd_proxy + index) for index in range(len(plan.infra.etcd))]
+    argv = [plan.python, "-m", NODE_TASKS_MODULE, "wait-listening", *(w for p in ports for w in ("--port", p)),
+            "--timeout", str(options.ready_timeout_s)]
+    return [{"name": "etcd_proxy", "by_node": True, "branches": branches,
+             "comment": "etcd proxy: Dynamo's etcd client on 127.0.0.1, TLS with this node's certificate to etcd"},
+            {"name": "etcd_proxy_wait", "by_node": False, "comment": "wait until this node's etcd proxy listens",
+             "pre": [], "lines": command_lines(argv, {}, prefix)}]
 
 
 def credentials_pre(plan: Plan) -> list[str]:
@@ -368,6 +395,9 @@ def steps(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
     out += [
         srun("gms", every, [], "every node: the GMS server (runs for the whole job)"),
         srun("gms-wait", every, [], "every node: until the GMS server listens"),
+        *([srun("etcd-proxy", every, [], "every node: the etcd proxy of Dynamo's processes (runs for the whole job)"),
+           srun("etcd-proxy-wait", every, [], "every node: until the etcd proxy listens")]
+          if plan.infra.etcd_proxies else []),
         srun("etcd", first, [], "first node: etcd"),
         srun("nats", first, [], "first node: NATS"),
         srun("frontend", first, [], "first node: the frontend"),

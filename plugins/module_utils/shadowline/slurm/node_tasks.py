@@ -5,6 +5,8 @@
   staging (shadowline.gms.model_stage) wrote beside the model, after a fast verify of the directory against
   its manifest (one stat per file), so a file changed since staging turns the node's state to Failed.
 - ``wait-files --pattern GLOB --count N --timeout S``: until N files match (e.g. the GMS server's sockets).
+- ``wait-listening --port P [--port P ...] --timeout S``: until each port of 127.0.0.1 accepts a connection (the
+  etcd proxy).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import socket
 from typing import Any
 
 from .. import console
-from ..control.waits import files_check, poll
+from ..control.waits import files_check, listening_check, poll
 from ..model.errors import ModelError
 from ..model.manifest import load_manifest
 from ..model.spec import status_path_for
@@ -59,11 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     wait.add_argument("--pattern", required=True)
     wait.add_argument("--count", type=int, default=1)
     wait.add_argument("--timeout", type=float, default=600)
+    listening = sub.add_parser("wait-listening")
+    listening.add_argument("--port", type=int, action="append", required=True)
+    listening.add_argument("--timeout", type=float, default=600)
     args = p.parse_args(argv)
     if args.check == "model-status":
         console.out(json.dumps(model_status(args.local_dir, args.model_id, args.revision), sort_keys=True), flush=True)
         return 0
-    ready, waited, seen = poll(files_check(args.pattern, args.count), args.timeout, 0.05)
+    check = listening_check("127.0.0.1", args.port) if args.check == "wait-listening" else files_check(args.pattern, args.count)
+    ready, waited, seen = poll(check, args.timeout, 0.05)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     console.out(f"{node}: {'ready' if ready else 'NOT ready'} after {waited:.2f} s ({seen})", flush=True)
     return 0 if ready else 1

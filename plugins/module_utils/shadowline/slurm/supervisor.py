@@ -41,12 +41,12 @@ from typing import Any
 
 from .. import console
 from ..control import discovery
-from ..control.access import ensure_etcd_auth, etcd_for
+from ..control.access import ensure_etcd_auth, etcd_context, etcd_for
 from ..control.cohort_state import leader_state
 from ..control.etcd_client import EtcdError
 from ..control.events import EventLog
 from ..control.policy import RelaunchPolicy
-from ..control.waits import http_check, poll
+from ..control.waits import http_check, listening_check, poll
 from ..control.watchdog import EVENT_PREFIX
 from ..deployment.plan import Plan
 from ..model.fsutil import atomic_write_json
@@ -56,7 +56,6 @@ from .job_secrets import BUNDLE, make_bundle
 from .load import complete
 from .options import SlurmOptions
 
-INFRA = ("gms", "etcd", "nats", "frontend")
 PARKED, ACTIVE = "standby", "active"
 LOOP_INTERVAL = 0.05
 PROMOTION_WAIT = 5.0  # seconds a serving cohort's relaunch waits for the promoted shadow to serve (CPU goes to it)
@@ -274,18 +273,26 @@ class Supervisor:
         if self.run_to_end("gms_wait", timeout).popen.returncode != 0:
             raise Fatal("a GMS server did not come up (see steps/gms_wait.1.log and steps/gms.1.log)")
         infra = self.job_plan.infra
+        if infra.etcd_proxies:  # Dynamo's processes reach etcd's TLS through it (slurm/etcd_proxy.py)
+            self.launch("etcd_proxy")
+            if self.run_to_end("etcd_proxy_wait", 60).popen.returncode != 0:
+                raise Fatal("an etcd proxy did not come up (see steps/etcd_proxy_wait.1.log, steps/etcd_proxy.1.log)")
         self.launch("etcd")
         endpoint = infra.etcd_endpoints.split(",")[0]
-        self.wait_ready("etcd", http_check(endpoint + "/health"), 60)
+        try:
+            context = etcd_context(self.job_plan)
+        except EtcdError as err:
+            raise Fatal(str(err)) from None
+        self.wait_ready("etcd", http_check(endpoint + "/health", context=context), 60)
         if self.passwords:
             try:
-                changed = ensure_etcd_auth(endpoint, self.job_plan.deployment, self.passwords)
+                changed = ensure_etcd_auth(endpoint, self.job_plan.deployment, self.passwords, context=context)
             except EtcdError as err:
                 raise Fatal(f"could not turn on etcd's authentication: {err}") from None
             self.events.write("etcd-authentication", changed=changed)
         self.launch("nats")
         host, port = infra.nats_server.split(",")[0].split("://")[-1].rsplit(":", 1)
-        self.wait_ready("nats", lambda: None if _connects(host, int(port)) else f"NATS {host}:{port} refused", 60)
+        self.wait_ready("nats", listening_check(host, [int(port)]), 60)
         self.launch("frontend")
         self.wait_ready("frontend", http_check(infra.frontend_url + "/health"), timeout)
 
@@ -589,7 +596,7 @@ class Supervisor:
         cohorts = [f"cohort_{c}" for c in (self.plan.cohort_ids if self.plan else [])]
         serving = f"cohort_{self.serving}" if self.serving is not None else None
         order = [[n for n in cohorts if n != serving], [serving] if serving else [], ["frontend"], ["nats"],
-                 ["etcd"], ["gms"]]
+                 ["etcd"], ["gms", "etcd_proxy"]]
         grace = float(self.options.stop_grace_s) + 2
         for group in order:
             self.stop_steps([self.slots[n].step for n in group if n in self.slots and self.slots[n].step], grace)
@@ -644,14 +651,6 @@ class Supervisor:
             "steps": {name: [s.record() for s in slot.history] for name, slot in self.slots.items()},
             "plan": self.plan.to_dict() if self.plan else {},
         }, durable=False)
-
-
-def _connects(host: str, port: int) -> bool:
-    try:
-        socket.create_connection((host, port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 def _json(text: str) -> dict[str, Any]:
