@@ -99,10 +99,11 @@ class LocalEtcd:
         stop_server(self.process)
 
 
-def start_etcd(workdir: Path, name: str = "slurm-test") -> LocalEtcd:
-    """A fresh etcd with its data and log (``etcd.log``) under ``workdir``, healthy when this returns."""
+def start_etcd(workdir: Path, name: str = "slurm-test", extra: Sequence[str] = ()) -> LocalEtcd:
+    """A fresh etcd with its data and log (``etcd.log``) under ``workdir``, healthy when this returns; ``extra``:
+    more of etcd's flags."""
     argv, url = etcd_argv(name, workdir / "etcd")
-    etcd = LocalEtcd(url, start_server(argv, workdir / "etcd.log"), workdir / "etcd")
+    etcd = LocalEtcd(url, start_server([*argv, *extra], workdir / "etcd.log"), workdir / "etcd")
     try:
         wait_healthy(url)
     except AssertionError:

@@ -4,6 +4,7 @@ credentials writes nothing, an engine's identity cannot forge a slot record, the
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -153,3 +154,27 @@ def test_answers_cut_short_are_etcd_errors_with_authentication_too(secured: str)
         assert errors >= 5
     finally:
         proxy.close()
+
+
+def test_siblings_keep_one_token_in_use(tmp_path: Path):
+    """etcd forgets a token unused for --auth-token-ttl (2 s here, 300 s by default) and a new one costs a bcrypt
+    check of the password: a client idle that long gets a new token at its next call. The agent's writer, idle
+    between failures, shares its token with the reader that watches every second (Etcd.sibling): it keeps it."""
+    etcd = start_etcd(tmp_path, extra=["--auth-token-ttl", "2"])
+    try:
+        assert "authentication enabled" in ensure_etcd_auth(etcd.url, "unit", PASSWORDS)
+        alone = Etcd(etcd.url, auth=EtcdAuth(AGENT, PASSWORDS[AGENT]))
+        reader = Etcd(etcd.url, auth=EtcdAuth(AGENT, PASSWORDS[AGENT]))
+        writer = reader.sibling(2.0, 2.5)
+        for client in (alone, writer):
+            client.put("/shadowline/unit/idle", "0")
+        tokens = (dict(alone.auth._tokens), dict(writer.auth._tokens))
+        for _unused in range(12):  # 3 s: the reader calls, the writer and the lone client do not
+            reader.get("/shadowline/unit/idle")
+            time.sleep(0.25)
+        for client in (alone, writer):
+            client.put("/shadowline/unit/idle", "1")
+        assert alone.auth._tokens != tokens[0], "etcd kept a token unused for longer than its TTL"
+        assert writer.auth._tokens == tokens[1], "the sibling's token was renewed: its reader's use did not keep it"
+    finally:
+        etcd.stop()

@@ -229,9 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.host not in plan.hosts:
         parser.error(f"--host {args.host} is not a node of deployment {plan.deployment}")
     _lock = single_instance(plan.agent_lock_path(args.host))
-    try:  # three clients: the loop's (writes), the feed's (reads), the lease's; each thread its own
-        agent = Agent(plan, args.host, etcd_for(plan, 2.0, deadline=2.5), etcd_for(plan, 2.0, deadline=3.0),
-                      etcd_for(plan, 2.0, deadline=2.5))
+    try:  # three clients: the loop's (writes), the feed's (reads), the lease's; each thread its own, one token
+        etcd = etcd_for(plan, 2.0, deadline=2.5)
+        agent = Agent(plan, args.host, etcd, etcd.sibling(2.0, 3.0), etcd.sibling(2.0, 2.5))
     except MetricsUnavailable as err:
         console.err(err)
         return 2
