@@ -112,6 +112,7 @@ class Executor:
         self.probes: queue.Queue[ProbeResult] = queue.Queue()
         self.leader_probes: queue.Queue[LeaderProbe] = queue.Queue()
         self.confirms: list[Confirm] = []  # written to etcd after the tick's kills and declarations
+        self.settles: list[str] = []  # units whose processes are gone, stopped in systemd after the confirmations
         self.view: DeploymentView | None = None  # the agent's latest view: a declaration's compare-and-swap starts there
 
     def __call__(self, actions: list[Action]) -> None:
@@ -268,21 +269,27 @@ class Executor:
                                      "until the cgroup is empty")
 
     def finish_teardown(self, rank: LocalRank, since: float) -> None:
-        """Nothing of the rank runs any more: confirm (after this tick's declarations), settle the unit."""
+        """Nothing of the rank runs any more: confirm and settle the unit, both after this tick's declarations."""
         done = Now.read().wall
         if rank.pidfd is not None:
             os.close(rank.pidfd)
             rank.pidfd = None
         self.confirms.append(Confirm(rank.cohort, rank.generation, done))
-        systemctl("stop", "--no-block", rank.unit)  # settle the unit; its processes are already gone
+        self.settles.append(rank.unit)
         self.metrics.count("teardowns_total")
         self.events.write("ranks-gone", rank.cohort, rank.generation, when=done, seconds=round(done - since, 4))
 
     def flush(self) -> None:
-        """The tick's confirmations, written once its kills and declarations are done."""
+        """The tick's confirmations, written once its kills and declarations are done; then its torn-down units
+        stopped in systemd (their processes are gone already). Not before: ``systemctl stop --no-block`` took
+        6.9 ms (median; 10.4 ms at most) on a testbed host, which the declaration of a dead rank used to wait for
+        (the other nodes' teardowns wait for the declaration)."""
         confirms, self.confirms = self.confirms, []
         for action in confirms:
             self.confirm(action.cohort, action.generation, action.when)
+        settles, self.settles = self.settles, []
+        for unit in settles:
+            systemctl("stop", "--no-block", unit)
 
     def confirm(self, cohort: int, generation: int, when: float) -> None:
         if (cohort, generation) in self.node.confirmed or not generation:
