@@ -117,44 +117,37 @@ def read_request(client: socket.socket) -> bytes:
     return the headers alone (http.client can send them apart from the body, and a loaded machine splits them):
     forwarded like that, etcd waits for the rest until the proxy's 5 s timeout (a CI failure of
     test_etcd_resilience)."""
-    request = b""
-    while b"\r\n\r\n" not in request:
-        chunk = client.recv(65536)
-        if not chunk:
-            return request
-        request += chunk
-    head, _sep, body = request.partition(b"\r\n\r\n")
-    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
-                   if line.lower().startswith(b"content-length:")), 0)
-    while len(body) < length:
-        chunk = client.recv(65536)
-        if not chunk:
-            break
-        body += chunk
-    return head + b"\r\n\r\n" + body
+    return _read_message(client, chunked_body=False)
 
 
 def read_response(upstream: socket.socket) -> bytes:
     """One whole HTTP answer from ``upstream``: the headers, then Content-Length bytes of body or chunks up to the
     last (empty) one; what came when the connection ends first."""
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        chunk = upstream.recv(65536)
+    return _read_message(upstream, chunked_body=True)
+
+
+def _read_message(sock: socket.socket, chunked_body: bool) -> bytes:
+    """An HTTP message's headers and its body (Content-Length, or with ``chunked_body`` the chunked encoding)."""
+    message = b""
+    while b"\r\n\r\n" not in message:
+        chunk = sock.recv(65536)
         if not chunk:
-            return answer
-        answer += chunk
-    head, _sep, body = answer.partition(b"\r\n\r\n")
+            return message
+        message += chunk
+    head, _sep, body = message.partition(b"\r\n\r\n")
     lines = [line.lower() for line in head.split(b"\r\n")[1:]]
     length = next((int(line.split(b":", 1)[1]) for line in lines if line.startswith(b"content-length:")), None)
-    chunked = any(line.startswith(b"transfer-encoding:") and b"chunked" in line for line in lines)
+    chunked = chunked_body and any(line.startswith(b"transfer-encoding:") and b"chunked" in line for line in lines)
 
     def whole() -> bool:
         if chunked:
             return body.endswith(b"0\r\n\r\n")
-        return length is not None and len(body) >= length
+        if length is None:
+            return not chunked_body  # a request without a body; an answer without a length ends with its connection
+        return len(body) >= length
 
     while not whole():
-        chunk = upstream.recv(65536)
+        chunk = sock.recv(65536)
         if not chunk:
             break
         body += chunk

@@ -10,9 +10,10 @@ travel base64-encoded and 64-bit numbers as strings, as the gateway wants; this 
         print(kv.key, kv.lease)
 
 Endpoints are tried in turn: one that refuses the connection or times out is skipped (and the last one
-that answered is tried first next time). Calls reuse kept-alive connections (one TLS handshake per connection,
-not per call); a watch has a connection of its own, closed when it returns. An error of etcd itself (a bad request, an unknown lease that the
+that answered is tried first next time). An error of etcd itself (a bad request, an unknown lease that the
 call does not expect) is not retried elsewhere. Every failure raises ``EtcdError`` naming the endpoint(s).
+Calls reuse kept-alive connections (one TLS handshake per connection, not per call); a watch has a connection
+of its own, closed when it returns.
 """
 
 from __future__ import annotations
@@ -118,7 +119,15 @@ class EtcdAuth:
         return f"EtcdAuth({self.user!r})"
 
     def credentials(self) -> bytes:
+        """The body of ``/v3/auth/authenticate``."""
         return json.dumps({"name": self.user, "password": self._password}).encode()
+
+    def token(self, endpoint: str) -> str | None:
+        """The token etcd gave this user on ``endpoint``, None before the first (or after a refused one)."""
+        return self._tokens.get(endpoint)
+
+    def keep(self, endpoint: str, token: str) -> None:
+        self._tokens[endpoint] = token
 
 
 AUTHENTICATE = "/v3/auth/authenticate"
@@ -191,8 +200,10 @@ class Etcd:
 
     def _token(self, endpoint: str, timeout: float, fresh: bool) -> str:
         auth = self.auth
-        assert auth is not None
-        if fresh or endpoint not in auth._tokens:  # noqa: SLF001 (the tokens are this client's to keep)
+        if auth is None:
+            raise AssertionError("a token of a client without a user")
+        token = None if fresh else auth.token(endpoint)
+        if token is None:
             status, payload = self._connections.post(endpoint, AUTHENTICATE, auth.credentials(),
                                                      {"Content-Type": "application/json"}, timeout)
             if status >= 400:
@@ -204,8 +215,8 @@ class Etcd:
                 token = None
             if not isinstance(token, str) or not token:
                 raise http.client.HTTPException(f"etcd gave user {auth.user} no token (answer cut short?)")
-            auth._tokens[endpoint] = token  # noqa: SLF001
-        return auth._tokens[endpoint]  # noqa: SLF001
+            auth.keep(endpoint, token)
+        return token
 
     def _order(self) -> list[int]:
         n = len(self.endpoints)

@@ -107,7 +107,9 @@ async def _main(routes: list[Route], context: ssl.SSLContext) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shadowline.slurm.etcd_proxy", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m shadowline.slurm.etcd_proxy",
+                                     description="A Slurm job's etcd proxy (Dynamo's etcd client on loopback, "
+                                                 "TLS to each etcd member).")
     parser.add_argument("--ca", required=True, help="the job's CA certificate")
     parser.add_argument("--cert", required=True, help="this node's client certificate and its key, in one file")
     parser.add_argument("--route", action="append", required=True, help="PORT=NAME@ADDRESS:PORT, one per member")
