@@ -222,7 +222,9 @@ def test_row02c_the_etcd_proxy_killed_on_every_node(steady: dict[str, Any]) -> N
 
 
 def own_keepalives(client: Etcd, leases: list[str]) -> float:
-    """Seconds until every lease was renewed by its holder (its TTL went up again), at most a third of the TTL.
+    """Seconds until every lease was renewed by its holder (its TTL went up again): at most a third of the TTL (its
+    keep-alive period) and 15 s for its reconnection (gRPC's backoff, 1 s growing 1.6 times each try; on a loaded CI
+    machine once more than the 5 s allowed before, 2026-11-27), well within the TTL.
 
     Dynamo 1.6.1 counts an etcd outage from the holder's own last keep-alive answer and, once reconnected, renews
     only at its next keep-alive tick: a second outage before that adds to the first (measured: row 2b started 4 s
@@ -232,14 +234,14 @@ def own_keepalives(client: Etcd, leases: list[str]) -> float:
     start = time.time()
     last = {lease: client.lease_ttl(int(lease, 16)) for lease in leases}
     pending = set(leases)
-    while pending and time.time() < start + LEASE_TTL_S / 3 + 5:
+    while pending and time.time() < start + LEASE_TTL_S / 3 + 15:
         time.sleep(0.5)
         for lease in sorted(pending):
             ttl = client.lease_ttl(int(lease, 16))
             if ttl > last[lease]:
                 pending.discard(lease)
             last[lease] = ttl
-    assert not pending, f"leases not renewed by their holders within a third of the TTL: {sorted(pending)}"
+    assert not pending, f"leases not renewed by their holders within a third of the TTL + 15 s: {sorted(pending)}"
     return round(time.time() - start, 1)
 
 

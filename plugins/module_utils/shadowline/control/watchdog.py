@@ -206,17 +206,37 @@ def revoke_registration(target: Target, ports: set[int], settings: EtcdSettings)
         return []
 
 
-def teardown(target: Target, child: subprocess.Popen, event: str, reason: str, revoke: EtcdSettings | None) -> None:
-    """Kill the rank's process group at once and revoke its registration (unless ``revoke`` is None); log and
-    emit ``event``."""
+@dataclass(frozen=True)
+class Killed:
+    """A teardown whose kill is done: what is left is the registration's revocation and the event."""
+    event: str
+    reason: str
+    started: float
+    ports: frozenset[int]
+
+
+def kill_at_once(target: Target, child: subprocess.Popen, event: str, reason: str, revoke: bool) -> Killed:
+    """Kill the rank's process group at once (the ports it listened on taken first, to find its registration).
+    Safe in a signal handler: no wait on the child (Popen's wait lock may be held by the code it interrupted)."""
     started = time.time()
     log(f"{event}: {reason}; killing process group {child.pid} and revoking its discovery registration")
     ports = listening_ports(group_members(child.pid)) if revoke and target.leader else set()
     kill_group(child.pid)
-    revoked = revoke_registration(target, ports, revoke) if revoke else []
+    return Killed(event, reason, started, frozenset(ports))
+
+
+def finish_teardown(target: Target, child: subprocess.Popen, killed: Killed, revoke: EtcdSettings | None) -> None:
+    """Revoke the killed rank's registration (unless ``revoke`` is None), reap it, log and emit the event."""
+    revoked = revoke_registration(target, set(killed.ports), revoke) if revoke else []
     child.wait()
-    emit(event, reason=reason, detected=round(started, 3), revoked=[f"{lease:x}" for lease in revoked],
-         teardown_s=round(time.time() - started, 3))
+    emit(killed.event, reason=killed.reason, detected=round(killed.started, 3),
+         revoked=[f"{lease:x}" for lease in revoked], teardown_s=round(time.time() - killed.started, 3))
+
+
+def teardown(target: Target, child: subprocess.Popen, event: str, reason: str, revoke: EtcdSettings | None) -> None:
+    """Kill the rank's process group at once and revoke its registration (unless ``revoke`` is None); log and
+    emit ``event``."""
+    finish_teardown(target, child, kill_at_once(target, child, event, reason, revoke is not None), revoke)
 
 
 # -- main loop ------------------------------------------------------------------------------------------ #
@@ -260,14 +280,16 @@ def main(argv: list[str] | None = None) -> int:
 
     forwarded: list[int] = []
     early: list[int] = []  # signals that came before the child existed
+    killed_on_term: list[Killed] = []  # killed by the handler; revoked and reported by the loop
     child: subprocess.Popen | None = None
 
     def forward(signum: int, _frame: object) -> None:
         if child is None:
             early.append(signum)
             return
-        if signum == signal.SIGTERM and args.term_grace <= 0 and child.poll() is None:
-            teardown(target, child, "killed-on-term", "SIGTERM: the step is being torn down", revoke)
+        if signum == signal.SIGTERM and args.term_grace <= 0 and not killed_on_term and child.returncode is None:
+            killed_on_term.append(kill_at_once(target, child, "killed-on-term", "SIGTERM: the step is being torn "
+                                               "down", revoke is not None))
             return
         forwarded.append(signum)
         try:
@@ -289,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         code = child.poll()
         if code is not None:
+            if killed_on_term:
+                finish_teardown(target, child, killed_on_term[0], revoke)
             kill_group(child.pid)  # whatever the rank left behind in its group
             status = exit_status(code)
             log(f"rank exited with status {status}")
