@@ -15,16 +15,15 @@ A client without credentials can read and write nothing. Stdlib only.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import ssl
-import urllib.error
-import urllib.request
 from typing import Any, Callable, Dict, Optional
 
 from ..deployment.plan import Plan
-from .etcd_client import Etcd, EtcdAuth, EtcdError, error_body, prefix_end
-from .http import direct_opener
+from .etcd_client import Etcd, EtcdAuth, EtcdError, error_message, prefix_end
+from .http import KeptConnections
 
 DISCOVERY_PREFIX = "v1/"  # every key Dynamo 1.6.1 writes (instances, model cards, event channels)
 AGENT, DYNAMO, ROOT = "agent", "dynamo", "root"
@@ -119,23 +118,21 @@ Post = Callable[[str, Dict[str, Any], Optional[str]], Dict[str, Any]]  # (path, 
 
 
 def _poster(endpoint: str, timeout: float, context: ssl.SSLContext | None) -> Post:
-    """POSTs to one member's JSON gateway (``context``: its TLS, etcd_context), with root's token where given;
-    EtcdError with etcd's own message when refused or unanswered."""
-    opener = direct_opener(context)
+    """POSTs to one member's JSON gateway (``context``: its TLS, etcd_context) over one kept-alive connection,
+    with root's token where given; EtcdError with etcd's own message when refused or unanswered."""
+    connections = KeptConnections(context)
+    origin = endpoint.rstrip("/")
 
     def post(path: str, body: dict[str, Any], token: str | None) -> dict[str, Any]:
         headers = {"Content-Type": "application/json", **({"Authorization": token} if token else {})}
-        request = urllib.request.Request(endpoint.rstrip("/") + path, data=json.dumps(body).encode(), method="POST",
-                                         headers=headers)
         try:
-            with opener(request, timeout) as response:
-                return json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as err:
-            message = error_body(err).get("message") or err.reason
-            raise EtcdError(f"etcd at {endpoint} refused {path}: {message} (HTTP {err.code})", endpoint) from None
-        except (urllib.error.URLError, OSError) as err:
-            raise EtcdError(f"etcd at {endpoint} did not answer {path}: {getattr(err, 'reason', err)}",
-                            endpoint) from None
+            status, payload = connections.post(origin, path, json.dumps(body).encode(), headers, timeout)
+        except (OSError, http.client.HTTPException) as err:
+            raise EtcdError(f"etcd at {endpoint} did not answer {path}: {err}", endpoint) from None
+        if status >= 400:
+            message = error_message(payload).get("message") or http.client.responses.get(status, "")
+            raise EtcdError(f"etcd at {endpoint} refused {path}: {message} (HTTP {status})", endpoint)
+        return json.loads(payload or b"{}")
 
     return post
 

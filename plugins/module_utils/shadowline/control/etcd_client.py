@@ -24,7 +24,6 @@ import json
 import socket
 import ssl
 import time
-import urllib.error
 from dataclasses import dataclass
 from typing import Any
 
@@ -462,11 +461,3 @@ def error_message(body: bytes) -> dict[str, Any]:
     except ValueError:
         return {"message": body.decode("utf-8", "replace").strip()[:300]}
     return data if isinstance(data, dict) else {}
-
-
-def error_body(err: urllib.error.HTTPError) -> dict[str, Any]:
-    """error_message of an urllib refusal (the etcd role's setup, control/access.py)."""
-    try:
-        return error_message(err.read())
-    except (OSError, http.client.HTTPException):
-        return {}
