@@ -511,13 +511,18 @@ def _infra_plan(contract: Contract, dirs: _Dirs, security: Security, etcd_proxy:
                      if security.etcd_https else ())
 
 
+def etcd_proxy_ports(ports: Ports, members: int) -> list[int]:
+    """The etcd proxy's loopback ports, one per member in the members' order: ``gms_ports.etcd_proxy`` + index."""
+    return [ports.etcd_proxy + index for index in range(members)]
+
+
 def _dynamo_etcd(contract: Contract, security: Security, members: str) -> str:
     """The etcd endpoints of Dynamo's processes (one per member, in the members' order; _discovery_env picks
     one): the ``members`` themselves, or with etcd's client TLS, the host's etcd proxy on loopback, a port per
-    member (``gms_ports.etcd_proxy`` + the member's index)."""
+    member (etcd_proxy_ports)."""
     if not security.etcd_https:
         return members
-    return ",".join(f"http://127.0.0.1:{contract.ports.etcd_proxy + i}" for i in range(len(contract.infra_hosts)))
+    return ",".join(f"http://127.0.0.1:{port}" for port in etcd_proxy_ports(contract.ports, len(contract.infra_hosts)))
 
 
 def _etcd_proxy(contract: Contract, dirs: _Dirs, security: Security, host: str, kind: str) -> Process:
@@ -529,8 +534,9 @@ def _etcd_proxy(contract: Contract, dirs: _Dirs, security: Security, host: str, 
     and Dynamo's client never connects, measured). etcd's passwords still apply: a local process without one reads
     and writes nothing. HAProxy in TCP mode as the service user (a host of a playbook deployment), or ``kind``
     PYTHON_PROXY: the job's own, from the runtime's Python (a Slurm job's node, slurm/etcd_proxy.py)."""
-    routes = [(contract.ports.etcd_proxy + index, member.host, _host_port(member.address, contract.ports.etcd_client))
-              for index, member in enumerate(contract.infra_hosts)]
+    members = contract.infra_hosts
+    routes = [(port, member.host, _host_port(member.address, contract.ports.etcd_client))
+              for port, member in zip(etcd_proxy_ports(contract.ports, len(members)), members)]
     if kind == PYTHON_PROXY:
         argv = [contract.python, "-m", "shadowline.slurm.etcd_proxy", "--ca", security.ca,
                 "--cert", security.client_pem]

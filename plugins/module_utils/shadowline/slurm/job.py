@@ -21,7 +21,7 @@ from typing import Any
 from ..control.access import etcd_tls_files
 from ..deployment.addresses import PLACEHOLDER_RE
 from ..deployment.contract import FRONTEND_TLS_PLAIN, parse_contract
-from ..deployment.plan import PYTHON_PROXY, CohortPlan, Plan, build_plan, shell_quote
+from ..deployment.plan import PYTHON_PROXY, CohortPlan, Plan, build_plan, etcd_proxy_ports, shell_quote
 from ..deployment.problems import Problem
 from ..deployment.values import as_int
 from .job_secrets import BUNDLE
@@ -347,8 +347,8 @@ def _etcd_proxy_tasks(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]
     branches = [{"case": str(index), "comment": f"node {index}", "pre": [],
                  "lines": command_lines(list(proxies[node.host].argv), {}, prefix)}
                 for index, node in enumerate(plan.nodes)]
-    ports = [str(plan.ports.etcd_proxy + index) for index in range(len(plan.infra.etcd))]
-    argv = [plan.python, "-m", NODE_TASKS_MODULE, "wait-listening", *(w for p in ports for w in ("--port", p)),
+    ports = etcd_proxy_ports(plan.ports, len(plan.infra.etcd))
+    argv = [plan.python, "-m", NODE_TASKS_MODULE, "wait-listening", *(w for p in ports for w in ("--port", str(p))),
             "--timeout", str(options.ready_timeout_s)]
     return [{"name": "etcd_proxy", "by_node": True, "branches": branches,
              "comment": "etcd proxy: Dynamo's etcd client on 127.0.0.1, TLS with this node's certificate to etcd"},
