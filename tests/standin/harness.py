@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ for _path in (REPO, LIB):  # measure_failover.py imports this file as the top-le
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+from shadowline.control.waits import listening_check  # noqa: E402  (after the path above)
 from tests.loopback import HOST, etcd_argv, free_port, wait_healthy, wait_until  # noqa: E402  (harness.free_port ...)
 
 
@@ -190,20 +190,12 @@ def start_infra(procs: Procs, workdir: Path) -> Infra:
                        {"PATH": os.environ["PATH"]})
     infra = Infra(etcd_url, f"nats://{HOST}:{ns}", f"http://{HOST}:{fe}", home)
     wait_healthy(infra.etcd)
-    wait_until(lambda: _connects(HOST, ns), 20, what="nats")
+    wait_until(lambda: listening_check(HOST, [ns])() is None, 20, what="nats")
     procs.start("frontend", [str(RUNTIME_PY), "-m", "dynamo.frontend", "--http-host", HOST, "--http-port", str(fe)],
                 dynamo_env(infra))
     wait_until(lambda: http("GET", f"{infra.frontend}/health", timeout=1)[0] == 200, 30, what="frontend")
     del etcd, nats
     return infra
-
-
-def _connects(host: str, port: int) -> bool:
-    try:
-        socket.create_connection((host, port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 def dynamo_env(infra: Infra, **extra: str) -> dict[str, str]:
