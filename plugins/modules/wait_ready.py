@@ -50,7 +50,8 @@ options:
   unit:
     description:
       - The systemd unit whose readiness this is; named, with its state and last log lines, on a timeout.
-      - When it has ended (failed or inactive) at the end of a wait (or of a progress slice), the wait fails at once.
+      - Its state is read every half second while waiting; once it has ended (failed or inactive) the wait fails at
+        once, with its last log lines, instead of waiting out I(timeout_s) (or the progress slice).
     type: str
   timeout_s:
     description: How long to wait.
@@ -110,11 +111,14 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.access import client_context
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.waits import (
+    every,
     files_check,
     holder_check,
     http_check,
     poll,
 )
+
+UNIT_CHECK_S = 0.5  # how often the unit's state is read while waiting (systemctl show: about 10 ms)
 
 
 def main() -> None:
@@ -151,7 +155,8 @@ def main() -> None:
                          f"{p['holder'] or 'a live holder'} holding {p['lock_path']}")
     node = os.uname().nodename
     slice_s = p["progress_s"] if p["progress_s"] > 0 else p["timeout_s"]
-    ready, waited, seen = poll(check, slice_s, p["interval_s"])
+    ended = every(UNIT_CHECK_S, lambda: unit_ended(module, p["unit"])) if p["unit"] else None
+    ready, waited, seen = poll(check, slice_s, p["interval_s"], hopeless=ended)
     if not ready and p["unit"] and unit_ended(module, p["unit"]):  # it will never be ready: say so now
         module.fail_json(msg=f"{what} on {node}: unit {p['unit']} ended after {waited:.1f} s: "
                              f"{unit_summary(module, p['unit'])}", waited_s=round(waited, 3))

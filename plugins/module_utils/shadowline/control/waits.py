@@ -13,8 +13,10 @@ from .cohort_state import lock_holder
 from .http import http_get
 
 
-def poll(check: Callable[[], str | None], timeout_s: float, interval_s: float = 0.1) -> tuple[bool, float, str]:
-    """Call ``check`` until it returns None (ready) or the timeout passes.
+def poll(check: Callable[[], str | None], timeout_s: float, interval_s: float = 0.1,
+         hopeless: Callable[[], bool] | None = None) -> tuple[bool, float, str]:
+    """Call ``check`` until it returns None (ready) or the timeout passes, or ``hopeless`` (asked after a check
+    that was not ready) says readiness cannot come any more (the process that would answer has ended).
 
     ``check`` returns None when ready, else a short description of what it saw. Returns
     (ready, seconds waited, last description).
@@ -27,9 +29,22 @@ def poll(check: Callable[[], str | None], timeout_s: float, interval_s: float = 
         if result is None:
             return True, waited, "ready"
         seen = result
-        if waited >= timeout_s:
+        if waited >= timeout_s or (hopeless is not None and hopeless()):
             return False, waited, seen
         time.sleep(interval_s)
+
+
+def every(period_s: float, ask: Callable[[], bool]) -> Callable[[], bool]:
+    """``ask``, called at most once every ``period_s`` (False in between): for a question that costs a process."""
+    last = [-period_s]
+
+    def asked() -> bool:
+        now = time.monotonic()
+        if now - last[0] < period_s:
+            return False
+        last[0] = now
+        return ask()
+    return asked
 
 
 def http_check(url: str, status: int = 200, timeout_s: float = 1.0,
