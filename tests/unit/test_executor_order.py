@@ -47,8 +47,8 @@ with open({log!r}, "a") as out:
 '''
 
 
-def test_a_dead_rank_is_declared_and_confirmed_before_its_unit_is_stopped(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch):
+def test_a_dead_rank_is_declared_and_confirmed_before_its_unit_is_stopped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     if not os.path.exists(ETCD):
         pytest.skip("no etcd binary")
     hv, hosts = hostvars(2, gms_insecure=True)
