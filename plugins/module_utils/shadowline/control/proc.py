@@ -104,15 +104,6 @@ def kill_cgroup(cgroup: str, sig: int = signal.SIGKILL) -> int:
     return count
 
 
-def wait_cgroup_empty(cgroup: str, timeout_s: float, interval_s: float = 0.005) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while cgroup_pids(cgroup):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval_s)
-    return True
-
-
 def pidfd_open(pid: int) -> int | None:
     """A descriptor that becomes readable when ``pid`` exits (None if it is already gone)."""
     try:
