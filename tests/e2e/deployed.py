@@ -49,6 +49,7 @@ class Deployed:
         self.extra_vars = extra_vars
         self.address = f"198.18.{instance}.10"
         self.frontend = f"http://{self.address}:8000"
+        self.clients: list[Etcd] = []  # every etcd client etcd() handed out (close_clients)
 
     # --- commands ---------------------------------------------------------------------------------------------
     def playbook(self, name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -81,7 +82,18 @@ class Deployed:
 
     def etcd(self, user: str = "agent") -> Etcd:
         """The deployment's etcd as one of its identities (the controller's copy of the password)."""
-        return controller_etcd(self.plan(), timeout=2.0, deadline=3.0, user=user)
+        client = controller_etcd(self.plan(), timeout=2.0, deadline=3.0, user=user)
+        self.clients.append(client)
+        return client
+
+    def close_clients(self) -> None:
+        """Close the kept-alive connections of every etcd client handed out: a failed test's traceback keeps its
+        clients, and so their connections to the testbed, alive to the end of the session, and the leak check
+        after the testbed is down would count them (CI, 2026-11-27: a row's failure made the next module's
+        teardown fail too)."""
+        for client in self.clients:
+            client.close()
+        self.clients.clear()
 
     # --- what the agents say -----------------------------------------------------------------------------------
     def events(self, host: str = LEADER, since: float = 0.0, event: str | None = None) -> list[dict[str, Any]]:

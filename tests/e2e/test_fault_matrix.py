@@ -77,6 +77,7 @@ def deployment() -> Iterator[None]:
         d.assert_whole()
         yield
     finally:
+        d.close_clients()
         if not keep:
             tb.down()
             left = tb.leaks()
