@@ -50,8 +50,10 @@ options:
   unit:
     description:
       - The systemd unit whose readiness this is; named, with its state and last log lines, on a timeout.
-      - Its state is read every half second while waiting; once it has ended (failed or inactive) the wait fails at
-        once, with its last log lines, instead of waiting out I(timeout_s) (or the progress slice).
+      - Its state is read every half second while waiting; once its process has ended by itself with a failure
+        status (systemd's C(Result=exit-code), as an engine that refuses its arguments) the wait fails at once, with
+        its last log lines, instead of waiting out I(timeout_s) (or the progress slice). A unit killed by a signal
+        (the failover agent tears down a rank it did not launch, then relaunches the cohort) is waited for.
     type: str
   timeout_s:
     description: How long to wait.
@@ -155,8 +157,8 @@ def main() -> None:
                          f"{p['holder'] or 'a live holder'} holding {p['lock_path']}")
     node = os.uname().nodename
     slice_s = p["progress_s"] if p["progress_s"] > 0 else p["timeout_s"]
-    ended = every(UNIT_CHECK_S, lambda: unit_ended(module, p["unit"])) if p["unit"] else None
-    ready, waited, seen = poll(check, slice_s, p["interval_s"], hopeless=ended)
+    refused = every(UNIT_CHECK_S, lambda: unit_refused(module, p["unit"])) if p["unit"] else None
+    ready, waited, seen = poll(check, slice_s, p["interval_s"], hopeless=refused)
     if not ready and p["unit"] and unit_ended(module, p["unit"]):  # it will never be ready: say so now
         module.fail_json(msg=f"{what} on {node}: unit {p['unit']} ended after {waited:.1f} s: "
                              f"{unit_summary(module, p['unit'])}", waited_s=round(waited, 3))
@@ -178,6 +180,19 @@ def unit_ended(module: AnsibleModule, unit: str) -> bool:
         return False
     _rc, out, _err = module.run_command([systemctl, "show", "-p", "ActiveState", "--value", unit])
     return out.strip() in ("failed", "inactive")
+
+
+def unit_refused(module: AnsibleModule, unit: str) -> bool:
+    """Whether the unit's process ended by itself with a failure status (systemd's Result exit-code), as an engine
+    that refuses its arguments does: asked while waiting. A unit killed by a signal is not: the failover agent
+    tears down (SIGKILL) a rank started outside its generations and relaunches the cohort, which then becomes
+    ready (a redeployment over a failed generation, seen on the testbed); the end of the wait looks again."""
+    systemctl = module.get_bin_path("systemctl")
+    if not systemctl:
+        return False
+    _rc, out, _err = module.run_command([systemctl, "show", "-p", "ActiveState", "-p", "Result", unit])
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return props.get("ActiveState") in ("failed", "inactive") and props.get("Result") == "exit-code"
 
 
 def unit_summary(module: AnsibleModule, unit: str) -> str:

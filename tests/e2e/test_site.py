@@ -44,6 +44,7 @@ from shadowline.deployment.plan import Plan
 
 from .site_helpers import (
     PlaybookRun,
+    ansible_adhoc,
     chat_completion,
     cohort_info,
     cohort_plan,
@@ -455,6 +456,34 @@ def test_units_are_sandboxed(site: Site, request: pytest.FixtureRequest) -> None
         figures[kind] = float(match.group(1))
     say(request, "systemd-analyze security on node0: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
     assert all(figures[k] <= limit for k, limit in EXPOSURE_LIMITS.items()), figures
+
+
+def test_wait_ready_stops_for_a_refusal_and_waits_out_a_relaunch(site: Site) -> None:
+    """shadowline.gms.wait_ready with ``unit``, on a testbed host's systemd: a unit whose process exits with a
+    failure status (an engine refusing its arguments) fails the wait within a second, naming it; a unit killed by
+    a signal and started again (the failover agent tearing down a rank it did not launch, then relaunching the
+    cohort: a redeployment over a failed generation on the testbed) is waited for until it answers."""
+    site.need("converged")
+    port = 18745
+    url = f"http://127.0.0.1:{port}/"
+    host_sh("node2", "systemd-run --unit sl-wait-refused --quiet sh -c 'echo not a number of tokens >&2; exit 2'")
+    started = time.monotonic()
+    (refused,) = ansible_adhoc("node2", "shadowline.gms.wait_ready",
+                               f"url={url} unit=sl-wait-refused.service timeout_s=30").values()
+    assert refused["_status"] == "FAILED!" and "ended after" in refused["msg"], refused
+    assert "not a number of tokens" in refused["msg"] and time.monotonic() - started < 20, refused
+    host_sh("node2", "systemd-run --unit sl-wait-killed --quiet sleep 600; sleep 0.3; "
+                     "systemctl kill -s KILL sl-wait-killed.service; "
+                     "(sleep 5; systemctl reset-failed sl-wait-killed.service; systemd-run --unit sl-wait-killed "
+                     f"--quiet python3 -m http.server {port} --bind 127.0.0.1) >/dev/null 2>&1 &")
+    try:
+        (relaunched,) = ansible_adhoc("node2", "shadowline.gms.wait_ready",
+                                      f"url={url} unit=sl-wait-killed.service timeout_s=30").values()
+        assert relaunched["_status"] == "SUCCESS" and relaunched["ready"], relaunched
+        assert relaunched["waited_s"] > 1.0, f"the wait never saw the killed unit: {relaunched}"
+    finally:
+        host_sh("node2", "systemctl stop sl-wait-killed.service; systemctl reset-failed sl-wait-refused.service "
+                         "sl-wait-killed.service; true")
 
 
 # -- 3. a second run changes nothing ---------------------------------------------------------------------------- #

@@ -331,3 +331,29 @@ def test_the_running_model_is_read_from_the_plan_the_agents_follow(tmp_path):
                                             "tensor_parallel_size": 2, "weight_bytes": 6291456}
     (tmp_path / "plan.json").write_text("{not json")
     assert running_model(str(tmp_path)) is None
+
+
+def test_gms_insecure_is_not_switched_on_a_running_deployment(tmp_path):
+    """Switching gms_insecure in place left etcd refusing every client (its authentication is kept in its data):
+    on the testbed the plain frontend then exited at every start ("etcdserver: user name is empty"). Refused by
+    preflight, naming the field and the way (teardown first); the same setting again, or a first deployment, pass."""
+    from shadowline.deployment.node_facts import running_secure
+    from shadowline.deployment.plan import build_plan
+
+    assert preflight(facts(running_secure=True)) == []  # secure by default, as it runs
+    (msg,) = preflight(facts(running_secure=True), gms_insecure=True)
+    assert msg.startswith("gms_insecure: deployment llama runs with its control plane secured"), msg
+    assert "keep gms_insecure as it is (unset), or run playbooks/teardown.yml first" in msg
+    (msg,) = preflight(facts(running_secure=False))
+    assert "runs with its control plane plain (gms_insecure: true)" in msg and "(true)" in msg
+    assert preflight(facts(running_secure=False), gms_insecure=True) == []
+    assert preflight(facts(running_secure=None), gms_insecure=True) == []  # nothing deployed yet
+    hv, hosts = hostvars(2, gms_insecure=True)  # nodes that disagree (a switch made before this check): let it repair
+    mixed = {"node0": facts(running_secure=True), "node1": facts(running_secure=False)}
+    assert run_preflight(hv, hosts, [], mixed).problems == []
+
+    assert running_secure(str(tmp_path)) is None
+    for insecure in (False, True):
+        hv, hosts = hostvars(1, gms_insecure=insecure)
+        (tmp_path / "plan.json").write_text(json.dumps(build_plan(parse_contract(hv, hosts)[0]).to_dict()))
+        assert running_secure(str(tmp_path)) is (not insecure)

@@ -41,6 +41,7 @@ def gather(deployment: str | None, lock_path: str | None, python: str | None, ba
         "python": python_facts(python, backend) if python else None,
         "manifest_weight_bytes": manifest_weight_bytes(model_dir) if model_dir else None,
         "running_model": running_model(CONFIG_DIR.format(deployment=deployment)) if deployment else None,
+        "running_secure": running_secure(CONFIG_DIR.format(deployment=deployment)) if deployment else None,
         "platform": platform_facts(),
     }
 
@@ -57,6 +58,15 @@ def running_model(config_dir: str) -> dict[str, Any] | None:
         return None
     return {"revision": plan.revision, "model_dir": plan.model_dir, "tensor_parallel_size": tp,
             "weight_bytes": manifest_weight_bytes(plan.model_dir)}
+
+
+def running_secure(config_dir: str) -> bool | None:
+    """Whether the deployment on this node runs its control plane secured (Plan.secure: etcd's authentication and
+    TLS, NATS's TLS), from the plan the agent role wrote; None before a first deployment."""
+    try:
+        return Plan.load(os.path.join(config_dir, "plan.json")).secure
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def platform_facts(os_release: str = "/etc/os-release") -> dict[str, Any]:

@@ -56,6 +56,8 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
     if runtime_modules:
         checks.append(f"runtime Python imports {' and '.join(runtime_modules)}")
     problems += _memory_problems(contract, facts)
+    problems += _security_switch_problems(contract, facts)
+    checks.append("gms_insecure unchanged on a running deployment")
     plan = build_plan(contract) if not problems else None
     return PreflightResult(contract, plan, problems, checks)
 
@@ -254,6 +256,24 @@ def _memory_problems(contract: Contract, facts: dict[str, dict[str, Any] | None]
                     f"has {_gib(gpu_gib)} GiB.",
                     "free GPU memory for the switch (lower gms_memory.kv_reserve_gib or gms_cohorts), or switch "
                     "with a gap: playbooks/teardown.yml, then playbooks/site.yml with the new revision.")]
+
+
+def _security_switch_problems(contract: Contract, facts: dict[str, dict[str, Any] | None]) -> list[Problem]:
+    """gms_insecure switched on a running deployment: refused. etcd's authentication (kept in its data) and its
+    members' peer URLs are set when the members are created, so the switched clients would all be refused (the
+    frontend and engines then exit at start: seen on the testbed, a plain frontend against etcd with
+    authentication on, "etcdserver: user name is empty")."""
+    running = {facts_of.get("running_secure") for facts_of in facts.values() if facts_of} - {None}
+    if not running or (not contract.insecure) in running:
+        return []  # (nodes that disagree: a switch made before this check; either setting may repair it)
+    secured = True in running
+    now = "secured (etcd authentication and TLS, NATS TLS)" if secured else "plain (gms_insecure: true)"
+    return [Problem("gms_insecure", f"deployment {contract.deployment} runs with its control plane {now}; "
+                    f"gms_insecure: {str(contract.insecure).lower()} cannot switch it in place: etcd keeps its "
+                    "authentication and peer URLs from when its members were created, and every client would be "
+                    "refused.",
+                    f"keep gms_insecure as it is ({'unset' if secured else 'true'}), or run "
+                    "playbooks/teardown.yml first and then site.yml with the new setting.")]
 
 
 def _gib(value: float) -> str:
