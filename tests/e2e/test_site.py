@@ -468,8 +468,8 @@ def test_wait_ready_stops_for_a_refusal_and_waits_out_a_relaunch(site: Site) -> 
     url = f"http://127.0.0.1:{port}/"
     host_sh("node2", "systemd-run --unit sl-wait-refused --quiet sh -c 'echo not a number of tokens >&2; exit 2'")
     started = time.monotonic()
-    (refused,) = ansible_adhoc("node2", "shadowline.gms.wait_ready",
-                               f"url={url} unit=sl-wait-refused.service timeout_s=30").values()
+    refused = ansible_adhoc("node2", "shadowline.gms.wait_ready",
+                            f"url={url} unit=sl-wait-refused.service timeout_s=30")["node2"]
     assert refused["_status"] == "FAILED!" and "ended after" in refused["msg"], refused
     assert "not a number of tokens" in refused["msg"] and time.monotonic() - started < 20, refused
     host_sh("node2", "systemd-run --unit sl-wait-killed --quiet sleep 600; sleep 0.3; "
@@ -477,8 +477,8 @@ def test_wait_ready_stops_for_a_refusal_and_waits_out_a_relaunch(site: Site) -> 
                      "(sleep 5; systemctl reset-failed sl-wait-killed.service; systemd-run --unit sl-wait-killed "
                      f"--quiet python3 -m http.server {port} --bind 127.0.0.1) >/dev/null 2>&1 &")
     try:
-        (relaunched,) = ansible_adhoc("node2", "shadowline.gms.wait_ready",
-                                      f"url={url} unit=sl-wait-killed.service timeout_s=30").values()
+        relaunched = ansible_adhoc("node2", "shadowline.gms.wait_ready",
+                                   f"url={url} unit=sl-wait-killed.service timeout_s=30")["node2"]
         assert relaunched["_status"] == "SUCCESS" and relaunched["ready"], relaunched
         assert relaunched["waited_s"] > 1.0, f"the wait never saw the killed unit: {relaunched}"
     finally:

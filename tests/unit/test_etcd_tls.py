@@ -196,8 +196,8 @@ def test_the_python_proxy_names_a_bad_route():
     assert "--route '23790=member@10.0.0.1': expected PORT=NAME@ADDRESS:PORT" in bad.stderr
 
 
-def test_the_watchdogs_revocation_client_is_ready_before_a_revocation_is_due(secured: Secured,
-                                                                           monkeypatch: pytest.MonkeyPatch):
+def test_the_watchdogs_revocation_client_is_ready_before_a_revocation_is_due(
+        secured: Secured, monkeypatch: pytest.MonkeyPatch):
     """A Slurm rank's watchdog revokes its cohort's registration right after it killed a hung rank (or was told
     to stop); until then the frontend routes requests to the dead rank. Its client is made and authenticated when
     the watchdog starts (Revoker.keep_warm): a client made at revocation time first pays a TLS handshake and a
@@ -215,7 +215,7 @@ def test_the_watchdogs_revocation_client_is_ready_before_a_revocation_is_due(sec
         assert revoke_registration(target, {free_port()}, revoker) == []  # nothing registered: found none
         return time.perf_counter() - started
 
-    cold = [revocation(Revoker(settings)) for _ in range(3)]
+    cold = [revocation(Revoker(settings)) for _attempt in range(3)]
     warm = Revoker(settings)
     stop = threading.Event()
     keeper = threading.Thread(target=warm.keep_warm, args=(stop,), daemon=True)

@@ -96,7 +96,6 @@ def test_a_dead_rank_is_declared_and_confirmed_before_its_unit_is_stopped(
         server.stop()
 
 
-
 FREEZER = Path("/sys/fs/cgroup/freezer")
 SYSTEMD = Path("/sys/fs/cgroup/systemd")  # one of the hierarchies the agent reads a unit's cgroup in (proc.py)
 
