@@ -96,6 +96,16 @@ class Deployed:
         self.clients.clear()
 
     # --- what the agents say -----------------------------------------------------------------------------------
+    def story(self, since: float, quiet: tuple[str, ...] = ("leases-refreshed", "gpu-watch-started")) -> str:
+        """Every node's agent events since ``since``, one line each in time order: what a failed assertion on
+        requests needs beside them (a CI failure is read from its output alone)."""
+        lines = []
+        for host in NODES:
+            lines += [e for e in self.events(host, since) if e["event"] not in quiet]
+        return "\n".join(f"{e['time']:.2f} {e['node']} {e['event']} cohort {e.get('cohort')} generation "
+                         f"{e.get('generation')} {json.dumps(e.get('detail'))[:160]}"
+                         for e in sorted(lines, key=lambda e: e["time"]))
+
     def events(self, host: str = LEADER, since: float = 0.0, event: str | None = None) -> list[dict[str, Any]]:
         proc = self.tb.exec_in(host, ["cat", EVENTS], timeout=30)
         out = []

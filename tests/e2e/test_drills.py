@@ -311,6 +311,7 @@ def test_upgrade_changes_the_engines_arguments_under_load_without_a_failed_reque
     """Shadows first, then the serving cohort by planned failover: every cohort ends on the new arguments, the
     lock changed hands once, and an application using the OpenAI SDK (half its requests streaming) saw no failure."""
     serving = int(lock_holder().rsplit("-", 1)[1])
+    started = time.time()
     with Load(d, rate=10.0, duration_s=170, client="openai") as load:
         time.sleep(1)
         proc = playbook("upgrade.yml", "-e", engine_vars(["--max-model-len", "2048"]), timeout=400)
@@ -327,7 +328,7 @@ def test_upgrade_changes_the_engines_arguments_under_load_without_a_failed_reque
     failed_raw = [r for r in load.requests if r.first_ok is False]
     print(f"\n[figure] upgrade: {len(load.requests)} requests ({sum(r.stream for r in load.requests)} streaming), "
           f"failed_raw {len(failed_raw)}, failed_sdk {len(failed_sdk)}, drained in {drained[1]} s")
-    assert load.requests and not failed_sdk, load.summary()
+    assert load.requests and not failed_sdk, f"{load.summary()}\nthe agents:\n{d.story(started)}"
     assert_whole()
 
 
@@ -346,6 +347,7 @@ def test_an_upgrade_the_engine_refuses_rolls_back_with_the_old_primary_serving(d
     the old plan, the new revision's GMS server retired; an application using the SDK saw no failure."""
     before = {(h, c): running_argv(h, c) for h in ("node0", "node1", "node2") for c in (0, 1)}
     old_plan = d.plan()
+    started = time.time()
     with Load(d, rate=10.0, duration_s=200, client="openai") as load:
         proc = playbook("upgrade.yml", "-e", engine_vars(["--max-model-len", "lots"]), "-e", model_vars(NEXT_REVISION),
                         "-e", "engine_ready_timeout_s=60", timeout=400)
@@ -364,7 +366,7 @@ def test_an_upgrade_the_engine_refuses_rolls_back_with_the_old_primary_serving(d
             f"{host}: the new revision's GMS server was not retired"
         assert on(host, "systemctl", "show", "-p", "ActiveState", "--value", old_plan.unit_name("gms")).strip() == \
             "active", f"{host}: the served revision's GMS server does not run"
-    assert not [r for r in load.requests if not r.ok], load.summary()
+    assert not [r for r in load.requests if not r.ok], f"{load.summary()}\nthe agents:\n{d.story(started)}"
     assert_whole()
 
 
@@ -415,7 +417,8 @@ def test_upgrade_switches_the_model_revision_under_load_without_a_failed_request
     frontend = [line for line in on(LEADER, "journalctl", "-u", f"{UNIT}-frontend", "--since", f"@{int(started)}",
                                     "--no-pager", "-o", "cat", timeout=60).splitlines()
                 if "model" in line.lower() and "http-request" not in line and "request_span" not in line]
-    assert load.requests and not failed_sdk, load.summary() + "\nthe frontend on models:\n" + "\n".join(frontend[-40:])
+    assert load.requests and not failed_sdk, (load.summary() + "\nthe frontend on models:\n" + "\n".join(frontend[-40:])
+                                              + f"\nthe agents:\n{d.story(started)}")
     assert_whole()
 
 
