@@ -103,8 +103,8 @@ SYSTEMD = Path("/sys/fs/cgroup/systemd")  # one of the hierarchies the agent rea
 def test_the_declaration_does_not_wait_for_the_killed_processes_to_end(tmp_path: Path):
     """The rest of a dead rank is sent SIGKILL and the generation declared at once; the rank is confirmed gone only
     once its cgroup is empty. Here a process of the rank is held by a v1 freezer cgroup (as fault matrix row 9
-    does), so SIGKILL does not end it until it is thawed: the kernel's time to end what SIGKILL hit (10-30 ms for a
-    stand-in rank, more with GPU memory to release), which the declaration used to wait for (up to 0.1 s). etcd
+    does), so SIGKILL does not end it until it is thawed: the kernel's time to end what SIGKILL hit (long for a
+    process with GPU memory to release), which the declaration used to wait for (up to 0.1 s). etcd
     is away, so the declaration is deferred at once: the executor's own time is measured, not etcd's."""
     if not (FREEZER.is_dir() and SYSTEMD.is_dir()) or os.geteuid() != 0:
         pytest.skip("needs root and the v1 freezer and name=systemd cgroup hierarchies")

@@ -228,8 +228,8 @@ class Executor:
         empty: what outlives SIGKILL (an uninterruptible wait) keeps the teardown open, killed again each pass.
 
         Nothing here waits for the processes to end: a tick's declaration, which every other node's teardown
-        waits for, comes right after the signal. The kernel takes a while to end what SIGKILL hit (10-30 ms for a
-        stand-in rank on the testbed, more for a process with GPU memory to release); the loop then looks every
+        waits for, comes right after the signal. The kernel may take a while to end what SIGKILL hit (a process with
+        GPU memory to release, or in an uninterruptible wait); the loop then looks every
         TEARDOWN_TICK_S and confirms the rank gone once its cgroup is empty (teardowns_due)."""
         self.node.ranks.pop(rank.cohort, None)
         now = Now.read().mono
