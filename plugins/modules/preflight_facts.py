@@ -90,7 +90,8 @@ ansible_facts:
       description: >-
         Listening ports, lock directory filesystem, GPUs, runtime Python, manifest size, and the model the node's
         engines run now (C(running_model), from the deployment's plan.json: revision, directory, tensor parallel
-        size, weight bytes; null before a first deployment).
+        size, weight bytes; null before a first deployment) and whether its control plane runs secured
+        (C(running_secure), the plan's etcd authentication and NATS TLS; null before a first deployment).
       type: dict
       sample:
         listening: [{port: 22, address: 0.0.0.0, pid: 301, process: sshd, ours: false}]
@@ -100,6 +101,7 @@ ansible_facts:
         manifest_weight_bytes: null
         running_model: {revision: 5ad0f1e0c0ffee5ad0f1e0c0ffee5ad0f1e0c0ff, model_dir: /var/lib/shadowline/models/m/5ad0f1e0c0ffee5ad0f1e0c0ffee5ad0f1e0c0ff,
                         tensor_parallel_size: 2, weight_bytes: 6291456}
+        running_secure: true
         image: null
 """
 

@@ -173,13 +173,18 @@ def main() -> None:
                      msg=f"{what} on {node} - ready after {waited:.1f} s")
 
 
-def unit_ended(module: AnsibleModule, unit: str) -> bool:
-    """Whether the unit has stopped (failed, or exited): an engine unit is never restarted by systemd."""
+def unit_properties(module: AnsibleModule, unit: str, *names: str) -> dict[str, str]:
+    """The unit's properties ``names`` as systemd shows them ({} without systemd)."""
     systemctl = module.get_bin_path("systemctl")
     if not systemctl:
-        return False
-    _rc, out, _err = module.run_command([systemctl, "show", "-p", "ActiveState", "--value", unit])
-    return out.strip() in ("failed", "inactive")
+        return {}
+    _rc, out, _err = module.run_command([systemctl, "show", *(f"--property={name}" for name in names), unit])
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def unit_ended(module: AnsibleModule, unit: str) -> bool:
+    """Whether the unit has stopped (failed, or exited): an engine unit is never restarted by systemd."""
+    return unit_properties(module, unit, "ActiveState").get("ActiveState") in ("failed", "inactive")
 
 
 def unit_refused(module: AnsibleModule, unit: str) -> bool:
@@ -187,22 +192,17 @@ def unit_refused(module: AnsibleModule, unit: str) -> bool:
     that refuses its arguments does: asked while waiting. A unit killed by a signal is not: the failover agent
     tears down (SIGKILL) a rank started outside its generations and relaunches the cohort, which then becomes
     ready (a redeployment over a failed generation, seen on the testbed); the end of the wait looks again."""
-    systemctl = module.get_bin_path("systemctl")
-    if not systemctl:
-        return False
-    _rc, out, _err = module.run_command([systemctl, "show", "-p", "ActiveState", "-p", "Result", unit])
-    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    props = unit_properties(module, unit, "ActiveState", "Result")
     return props.get("ActiveState") in ("failed", "inactive") and props.get("Result") == "exit-code"
 
 
 def unit_summary(module: AnsibleModule, unit: str) -> str:
     """The unit's state and its last log lines, for a timeout's message."""
-    systemctl, journalctl = module.get_bin_path("systemctl"), module.get_bin_path("journalctl")
-    if not systemctl:
+    props = unit_properties(module, unit, "ActiveState", "SubState", "Result")
+    if not props:
         return "no systemd here"
-    _rc, out, _err = module.run_command([systemctl, "show", "-p", "ActiveState", "-p", "SubState", "-p", "Result",
-                                        "--value", unit])
-    state = "/".join(part for part in out.split() if part) or "unknown"
+    state = "/".join(props[name] for name in ("Result", "ActiveState", "SubState") if props.get(name)) or "unknown"
+    journalctl = module.get_bin_path("journalctl")
     logs = ""
     if journalctl:
         _rc, out, _err = module.run_command([journalctl, "-u", unit, "-n", "60", "--no-pager", "-o", "json"])

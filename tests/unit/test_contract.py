@@ -316,10 +316,10 @@ def test_wheel_file_names_give_their_project():
 
 def test_the_running_model_is_read_from_the_plan_the_agents_follow(tmp_path):
     """node_facts.running_model: the revision, directory, TP size and weight bytes of the plan.json on a node."""
-    from shadowline.deployment.node_facts import MANIFEST_NAME, running_model
+    from shadowline.deployment.node_facts import MANIFEST_NAME, running_model, running_plan
     from shadowline.deployment.plan import build_plan
 
-    assert running_model(str(tmp_path)) is None  # before a first deployment
+    assert running_model(running_plan(str(tmp_path))) is None  # before a first deployment
     hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 2})
     plan = build_plan(parse_contract(hv, hosts)[0])
     model_dir = tmp_path / "model"
@@ -327,17 +327,17 @@ def test_the_running_model_is_read_from_the_plan_the_agents_follow(tmp_path):
     (model_dir / MANIFEST_NAME).write_text(json.dumps({"weight_bytes": 6291456}))
     data = {**plan.to_dict(), "model_dir": str(model_dir)}
     (tmp_path / "plan.json").write_text(json.dumps(data))
-    assert running_model(str(tmp_path)) == {"revision": plan.revision, "model_dir": str(model_dir),
-                                            "tensor_parallel_size": 2, "weight_bytes": 6291456}
+    assert running_model(running_plan(str(tmp_path))) == {"revision": plan.revision, "model_dir": str(model_dir),
+                                                          "tensor_parallel_size": 2, "weight_bytes": 6291456}
     (tmp_path / "plan.json").write_text("{not json")
-    assert running_model(str(tmp_path)) is None
+    assert running_model(running_plan(str(tmp_path))) is None
 
 
-def test_gms_insecure_is_not_switched_on_a_running_deployment(tmp_path):
+def test_gms_insecure_is_not_switched_on_a_running_deployment(tmp_path, monkeypatch):
     """Switching gms_insecure in place left etcd refusing every client (its authentication is kept in its data):
     on the testbed the plain frontend then exited at every start ("etcdserver: user name is empty"). Refused by
     preflight, naming the field and the way (teardown first); the same setting again, or a first deployment, pass."""
-    from shadowline.deployment.node_facts import running_secure
+    from shadowline.deployment.node_facts import gather
     from shadowline.deployment.plan import build_plan
 
     assert preflight(facts(running_secure=True)) == []  # secure by default, as it runs
@@ -352,8 +352,11 @@ def test_gms_insecure_is_not_switched_on_a_running_deployment(tmp_path):
     mixed = {"node0": facts(running_secure=True), "node1": facts(running_secure=False)}
     assert run_preflight(hv, hosts, [], mixed).problems == []
 
-    assert running_secure(str(tmp_path)) is None
+    config = tmp_path / "etc" / "shadowline" / "llama"
+    config.mkdir(parents=True)
+    monkeypatch.setattr("shadowline.deployment.node_facts.CONFIG_DIR", str(tmp_path / "etc/shadowline/{deployment}"))
+    assert gather("llama", None, None, None, None, None)["running_secure"] is None
     for insecure in (False, True):
         hv, hosts = hostvars(1, gms_insecure=insecure)
-        (tmp_path / "plan.json").write_text(json.dumps(build_plan(parse_contract(hv, hosts)[0]).to_dict()))
-        assert running_secure(str(tmp_path)) is (not insecure)
+        (config / "plan.json").write_text(json.dumps(build_plan(parse_contract(hv, hosts)[0]).to_dict()))
+        assert gather("llama", None, None, None, None, None)["running_secure"] is (not insecure)

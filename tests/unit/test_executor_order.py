@@ -26,7 +26,7 @@ from shadowline.control.observe import rank_alive
 from shadowline.control.proc import alive
 from shadowline.control.view import Now
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import build_plan
+from shadowline.deployment.plan import Plan, build_plan
 from tests.loopback import ETCD, start_etcd
 
 from .helpers import hostvars
@@ -48,14 +48,25 @@ with open({log!r}, "a") as out:
 '''
 
 
+def two_nodes(tmp_path: Path) -> tuple[Plan, list[str]]:
+    """A plain two-node plan (etcd without TLS or authentication here) and its hosts."""
+    hv, hosts = hostvars(2, gms_insecure=True)
+    contract, problems = parse_contract(hv, hosts)
+    assert contract is not None, problems
+    return build_plan(contract, state_dir=str(tmp_path / "state"), config_dir=str(tmp_path / "config")), hosts
+
+
+def node_executor(plan: Plan, host: str, etcd: Etcd, events: EventLog, node: NodeMemory, cohort: int) -> Executor:
+    """The executor of a node agent (no driver) on ``host``, as the agent builds it."""
+    return Executor(plan, host, etcd, events, AgentMetrics(plan.deployment, host, [cohort]), node, None, Schedule(),
+                    os.open(os.devnull, os.O_WRONLY))
+
+
 def test_a_dead_rank_is_declared_and_confirmed_before_its_unit_is_stopped(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     if not os.path.exists(ETCD):
         pytest.skip("no etcd binary")
-    hv, hosts = hostvars(2, gms_insecure=True)
-    contract, problems = parse_contract(hv, hosts)
-    assert contract is not None, problems
-    plan = build_plan(contract, state_dir=str(tmp_path / "state"), config_dir=str(tmp_path / "config"))
+    plan, hosts = two_nodes(tmp_path)
     server = start_etcd(tmp_path)
     try:
         etcd = Etcd(server.url)
@@ -77,8 +88,7 @@ def test_a_dead_rank_is_declared_and_confirmed_before_its_unit_is_stopped(
                          leader=True, started=time.time(), node=hosts[0])
         node = NodeMemory(ranks={cohort: rank})
         events = EventLog(str(tmp_path / "events.jsonl"), hosts[0], journal=None)
-        executor = Executor(plan, hosts[0], etcd, events, AgentMetrics(plan.deployment, hosts[0], [cohort]), node,
-                            None, Schedule(), os.open(os.devnull, os.O_WRONLY))
+        executor = node_executor(plan, hosts[0], etcd, events, node, cohort)
         process.kill()
         process.wait()
         executor(rank_exited(rank, Now.read(), plan.failover))  # what the loop does with a pidfd's exit
@@ -108,10 +118,7 @@ def test_the_declaration_does_not_wait_for_the_killed_processes_to_end(tmp_path:
     is away, so the declaration is deferred at once: the executor's own time is measured, not etcd's."""
     if not (FREEZER.is_dir() and SYSTEMD.is_dir()) or os.geteuid() != 0:
         pytest.skip("needs root and the v1 freezer and name=systemd cgroup hierarchies")
-    hv, hosts = hostvars(2, gms_insecure=True)
-    contract, problems = parse_contract(hv, hosts)
-    assert contract is not None, problems
-    plan = build_plan(contract, state_dir=str(tmp_path / "state"), config_dir=str(tmp_path / "config"))
+    plan, hosts = two_nodes(tmp_path)
     name = f"shadowline-unit-test-{os.getpid()}"
     unit_cgroup, freezer = SYSTEMD / name, FREEZER / name
     unit_cgroup.mkdir()
@@ -127,9 +134,8 @@ def test_the_declaration_does_not_wait_for_the_killed_processes_to_end(tmp_path:
                          node=hosts[0])
         node = NodeMemory(ranks={cohort: rank}, etcd_lost_since=time.monotonic())
         log = tmp_path / "events.jsonl"
-        executor = Executor(plan, hosts[0], Etcd("http://127.0.0.1:9"), EventLog(str(log), hosts[0], journal=None),
-                            AgentMetrics(plan.deployment, hosts[0], [cohort]), node, None, Schedule(),
-                            os.open(os.devnull, os.O_WRONLY))
+        executor = node_executor(plan, hosts[0], Etcd("http://127.0.0.1:9"),
+                                 EventLog(str(log), hosts[0], journal=None), node, cohort)
         executor(rank_exited(rank, Now.read(), plan.failover))
         events = {e["event"]: e["time"] for e in map(json.loads, log.read_text().splitlines())}
         waited = events["declare-deferred"] - events["rank-exited"]

@@ -30,6 +30,7 @@ NETWORK_FILESYSTEMS = {
 def gather(deployment: str | None, lock_path: str | None, python: str | None, backend: str | None,  # noqa: PLR0913 (one per fact)
            model_dir: str | None, service_user: str | None, runtime_mode: str | None = None,
            wheelhouse: str | None = None, container: dict[str, Any] | None = None) -> dict[str, Any]:
+    running = running_plan(CONFIG_DIR.format(deployment=deployment)) if deployment else None
     return {
         "runtime_mode": runtime_mode,
         "wheelhouse": wheelhouse_facts(wheelhouse) if runtime_mode == "wheelhouse" and wheelhouse else None,
@@ -40,33 +41,34 @@ def gather(deployment: str | None, lock_path: str | None, python: str | None, ba
         "gpus": nvidia_gpus(),
         "python": python_facts(python, backend) if python else None,
         "manifest_weight_bytes": manifest_weight_bytes(model_dir) if model_dir else None,
-        "running_model": running_model(CONFIG_DIR.format(deployment=deployment)) if deployment else None,
-        "running_secure": running_secure(CONFIG_DIR.format(deployment=deployment)) if deployment else None,
+        "running_model": running_model(running),
+        "running_secure": running.secure if running else None,  # Plan.secure: etcd's authentication, NATS's TLS
         "platform": platform_facts(),
     }
 
 
-def running_model(config_dir: str) -> dict[str, Any] | None:
-    """The model the node's engines run now, from the plan the agent role wrote (``<config_dir>/plan.json``): its
-    revision, directory, tensor parallel size and weight bytes (its manifest). None before a first deployment.
-    Preflight budgets GPU memory for both residencies when the inventory names another revision."""
+def running_plan(config_dir: str) -> Plan | None:
+    """The plan the agent role wrote on this node (``<config_dir>/plan.json``): what runs now. None before a
+    first deployment (or unreadable)."""
     try:
-        plan = Plan.load(os.path.join(config_dir, "plan.json"))
+        return Plan.load(os.path.join(config_dir, "plan.json"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def running_model(plan: Plan | None) -> dict[str, Any] | None:
+    """The model the node's engines run now (``plan``: running_plan): its revision, directory, tensor parallel
+    size and weight bytes (its manifest). None before a first deployment. Preflight budgets GPU memory for both
+    residencies when the inventory names another revision."""
+    if plan is None:
+        return None
+    try:
         argv = list(plan.cohort(0).ranks[0].process.argv)
         tp = int(argv[argv.index("--tensor-parallel-size") + 1])
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         return None
     return {"revision": plan.revision, "model_dir": plan.model_dir, "tensor_parallel_size": tp,
             "weight_bytes": manifest_weight_bytes(plan.model_dir)}
-
-
-def running_secure(config_dir: str) -> bool | None:
-    """Whether the deployment on this node runs its control plane secured (Plan.secure: etcd's authentication and
-    TLS, NATS's TLS), from the plan the agent role wrote; None before a first deployment."""
-    try:
-        return Plan.load(os.path.join(config_dir, "plan.json")).secure
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def platform_facts(os_release: str = "/etc/os-release") -> dict[str, Any]:

@@ -266,7 +266,7 @@ def _security_switch_problems(contract: Contract, facts: dict[str, dict[str, Any
     running = {facts_of.get("running_secure") for facts_of in facts.values() if facts_of} - {None}
     if not running or (not contract.insecure) in running:
         return []  # (nodes that disagree: a switch made before this check; either setting may repair it)
-    secured = True in running
+    secured = contract.insecure  # what runs is the other setting
     now = "secured (etcd authentication and TLS, NATS TLS)" if secured else "plain (gms_insecure: true)"
     return [Problem("gms_insecure", f"deployment {contract.deployment} runs with its control plane {now}; "
                     f"gms_insecure: {str(contract.insecure).lower()} cannot switch it in place: etcd keeps its "
