@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from shadowline.control.access import agent_url, client_context, controller_etcd
+from shadowline.control.discovery import registrations
 from shadowline.control.etcd_client import Etcd
 from shadowline.control.failover_metrics import engine_failover_view
 from shadowline.control.http import http_get
@@ -174,6 +175,26 @@ class Deployed:
         active = next(c for c, s in states.items() if s == "active")
         assert self.lock_holder() == f"engine-{active}"
         assert wait_until(self.completion_ok, 15, 0.2, "a completion through the frontend")
+
+    def assert_one_registration(self, timeout: float = 10) -> None:
+        """Discovery holds one worker, the serving one, within ``timeout`` (a third of the engines' 30 s lease): a
+        failed generation's registration left there keeps the frontend routing requests to a dead worker until its
+        lease runs out, and a request that meets three of them fails (testbed, 2026-11-27: left whenever the
+        failed cohort was relaunched before its successor registered)."""
+        etcd = self.etcd()
+        workers: list[str] = []
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                workers = [f"{r.instance_id} at {r.request_address}" for r in registrations(etcd)
+                           if "generate" in r.endpoints]
+                if len(workers) == 1:
+                    return
+                time.sleep(0.2)
+        finally:
+            etcd.close()  # its kept-alive connection would outlive the testbed (the module's leak check)
+        raise AssertionError(f"discovery holds {len(workers)} workers after {timeout} s, not the serving one only: "
+                             f"{workers}")
 
     # --- engine units ---------------------------------------------------------------------------------------------
     def engine(self, host: str, cohort: int) -> UnitRun | None:

@@ -96,6 +96,7 @@ def deployment() -> Iterator[dict[str, Any]]:
             assert proc.returncode == 0, f"site.yml failed:\n{tail(proc)}"
         yield {"inventory": tb.INVENTORY}
     finally:
+        d.close_clients()
         if not keep:
             tb.down()
             left = tb.leaks()
@@ -144,6 +145,7 @@ def test_drill(deployment: dict[str, Any], reports: Path, fault: str) -> None:
     if fault != "gpu-xid-fatal":  # nothing serves while the node is fenced; the drill's restore unfences it
         assert report["serving_resumed"], f"{fault}: the last request of the load failed"
     assert_whole()
+    d.assert_one_registration()
     check_fault(fault, report)
 
 

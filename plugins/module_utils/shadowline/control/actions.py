@@ -183,6 +183,15 @@ class RevokeRegistration:
 
 
 @dataclass(frozen=True)
+class DeferRevocation:
+    """Keep a failed generation's registration until its successor registered: remembered apart from its slot,
+    which a relaunch moves on to the next generation, possibly before the successor registered."""
+    cohort: int
+    generation: int
+    since: float  # unix: when the generation failed
+
+
+@dataclass(frozen=True)
 class ObserveTeardown:
     """The whole generation is gone on every node: the teardown duration metric."""
     seconds: float
@@ -329,7 +338,7 @@ class ClearGmsLost:
 
 Action = Union[Record, WakeAt, Declare, TearDown, FinishTeardown, KillRest, Confirm, Launch, Launched, LaunchFailed,
                AbandonStart, NoteDetected, MarkHealthy, ProbeLeader, NoteProgress, Fence, ClearFence, SetGeneration, ReportInvalid,
-               ReportGmsLost, SwapSlot, RevokeRegistration,
+               ReportGmsLost, SwapSlot, RevokeRegistration, DeferRevocation,
                ObserveTeardown, NoteLaunched, SetHolder, SetServing, CreateSlot, BeginPromotion, ExtendPromotion, TakeBridge, ReleaseBridge,
                NoteLockReplaced, PromotionActive, PromotionRegistered,
                ProbePromotion, EndPromotion, RecordActive, AgentsSeen, AgentLost, AgentBack, ProbeServing, SendCanary, EndCanary,

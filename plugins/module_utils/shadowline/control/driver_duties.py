@@ -27,6 +27,7 @@ from .actions import (
     ClearGmsLost,
     CreateSlot,
     Declare,
+    DeferRevocation,
     EndCanary,
     EndPromotion,
     ExtendPromotion,
@@ -205,22 +206,38 @@ def lock_identity(seen: LockSeen, view: DeploymentView, driver: DriverMemory, en
 
 
 # --- failed slots: out of discovery, relaunch ------------------------------------------------------------------
-def revoke_due(slot: Slot, view: DeploymentView, driver: DriverMemory, node: NodeMemory, now: Now) -> list[Action]:
-    """Take a failed cohort out of discovery, so the frontend stops routing to it: at once, unless it was the
-    serving cohort and a shadow is taking over. Then the dead registration stays until the successor has
+def revoke_due(view: DeploymentView, driver: DriverMemory, node: NodeMemory, now: Now) -> list[Action]:
+    """Take each failed generation out of discovery, so the frontend stops routing to it: at once, unless it was
+    the serving cohort and a shadow is taking over. Then the dead registration stays until the successor has
     registered (at most REVOKE_DEFER_MAX_S): the frontend keeps the model and retries a request that meets the
     dead worker on the new one (request migration); revoked earlier, the frontend would drop the model and
-    answer 404 until it has loaded the successor's model card again."""
-    if (slot.cohort, slot.generation) in driver.revoked:
-        return []
-    detected = node.detected_at.get((slot.cohort, slot.generation), slot.since)
-    if slot.cohort == driver.serving and now.wall - detected < REVOKE_DEFER_MAX_S:
-        p = driver.promotion
-        waking = p is not None and p.cohort != slot.cohort and not p.leases
-        parked = [c for c, e in view.slots.items() if c != slot.cohort and e.slot.state == RUNNING]
-        if waking or (p is None and parked):
-            return []
-    return [RevokeRegistration(slot.cohort, slot.generation)]
+    answer 404 until it has loaded the successor's model card again.
+
+    A deferred revocation is remembered apart from the slot (``DeferRevocation``): the failed slot may be
+    relaunched before the successor registered, and its next generation must not make the dead registration
+    wait for its lease to run out (30 s): the frontend keeps routing there, each request it sends there is one
+    migration, and a client whose request meets three dead workers gets a 503."""
+    failed = {(e.slot.cohort, e.slot.generation): e.slot.since for e in view.slots.values() if e.slot.state == FAILED}
+    actions: list[Action] = []
+    for (cohort, generation), since in sorted({**failed, **driver.unrevoked}.items()):
+        if (cohort, generation) in driver.revoked:
+            continue
+        detected = node.detected_at.get((cohort, generation), since)
+        if cohort == driver.serving and now.wall - detected < REVOKE_DEFER_MAX_S and handing_over(cohort, view, driver):
+            if (cohort, generation) not in driver.unrevoked:
+                actions.append(DeferRevocation(cohort, generation, since))
+            continue
+        actions.append(RevokeRegistration(cohort, generation))
+    return actions
+
+
+def handing_over(cohort: int, view: DeploymentView, driver: DriverMemory) -> bool:
+    """Whether another cohort is taking over from ``cohort`` and has not registered yet: it woke, or one is
+    parked and nobody holds the lock yet."""
+    p = driver.promotion
+    if p is not None:
+        return p.cohort != cohort and not p.leases
+    return any(c != cohort and e.slot.state == RUNNING for c, e in view.slots.items())
 
 
 def ran_for(slot: Slot, driver: DriverMemory) -> float | None:
@@ -510,10 +527,10 @@ class DriverDuties:
         self.execute(watch_agents(view, self.host, self.memory, self.plan.failover, now))
         self.execute(watch_idle_serving(view, self.memory, self.node, self.hang, self.plan.failover, now))
         self.execute(fences_reported(view, self.memory))
+        self.execute(revoke_due(view, self.memory, self.node, now))
         for entry in view.slots.values():
             slot, revision = entry.slot, entry.revision
             if slot.state == FAILED:
-                self.execute(revoke_due(slot, view, self.memory, self.node, now))
                 self.execute(relaunch_due(slot, revision, view, self.plan.hosts, self.memory, self.node,
                                           self.policy, now))
             elif slot.state == LAUNCHING and now.wall >= slot.not_before:

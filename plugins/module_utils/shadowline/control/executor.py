@@ -27,6 +27,7 @@ from .actions import (
     Confirm,
     CreateSlot,
     Declare,
+    DeferRevocation,
     EndCanary,
     EndPromotion,
     ExtendPromotion,
@@ -331,6 +332,8 @@ class Executor:
             self.swap(action, driver)
         elif isinstance(action, RevokeRegistration):
             self.revoke(action, driver)
+        elif isinstance(action, DeferRevocation):
+            driver.unrevoked[(action.cohort, action.generation)] = action.since
         elif isinstance(action, ObserveTeardown):
             self.metrics.observe("teardown_seconds", action.seconds)
         elif isinstance(action, NoteLaunched):
@@ -377,7 +380,7 @@ class Executor:
             p = driver.promotion
             if p is not None:
                 p.leases, p.registered_at = list(action.leases), action.at
-                driver.registered[p.cohort] = list(action.leases)
+                driver.registered[(p.cohort, p.generation)] = list(action.leases)
         elif isinstance(action, ProbePromotion):
             p = driver.promotion
             if p is not None:
@@ -459,10 +462,13 @@ class Executor:
         self(list(action.then))
 
     def revoke(self, action: RevokeRegistration, driver: DriverMemory) -> None:
-        driver.revoked.add((action.cohort, action.generation))
-        leases = driver.registered.pop(action.cohort, [])
-        try:
-            leases += self.registrations(action.cohort)
+        failed = (action.cohort, action.generation)
+        driver.revoked.add(failed)
+        driver.unrevoked.pop(failed, None)
+        leases = driver.registered.pop(failed, [])
+        others = {lease for key, held in driver.registered.items() if key[0] == action.cohort for lease in held}
+        try:  # a later generation of the cohort may be registered by now: its leases are not the failed one's
+            leases += [lease for lease in self.registrations(action.cohort) if lease not in others]
             revoked = revoke_leases(self.etcd, leases) if leases else []
         except EtcdError as err:
             self.events.write("revoke-error", action.cohort, action.generation, error=str(err))

@@ -94,8 +94,10 @@ class Canary:
 @dataclass
 class DriverMemory:
     launched_at: dict[tuple[int, int], float] = field(default_factory=dict)  # (cohort, generation) -> unix
-    registered: dict[int, list[int]] = field(default_factory=dict)  # cohort -> discovery leases of its worker
+    # (cohort, generation) -> the discovery leases its worker registered when it was promoted
+    registered: dict[tuple[int, int], list[int]] = field(default_factory=dict)
     revoked: set[tuple[int, int]] = field(default_factory=set)  # (cohort, generation) whose registration went
+    unrevoked: dict[tuple[int, int], float] = field(default_factory=dict)  # failed, revocation deferred -> since (unix)
     promotion: Promotion | None = None  # the lock's new holder until its serving is verified
     serving: int | None = None  # the cohort last verified serving
     adopted: bool = False  # the first view was taken (the serving cohort read, missing slots created)
