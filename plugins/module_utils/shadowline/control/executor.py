@@ -78,6 +78,7 @@ from .view import DeploymentView, Now
 
 KILL_AGAIN_S = 0.2  # a cgroup not empty after SIGKILL: killed again this often (forks, a wait that ends)
 NOT_GONE_REPORT_S = 1.0  # a killed rank's cgroup still not empty this long after the teardown began: say so
+LAUNCH_ASK_S = 10.0  # an abandoned start waits at most this long for its start job to be asked (systemctl's own timeout)
 
 
 @dataclass
@@ -149,7 +150,9 @@ class Executor:
             self.events.write("launch-failed", action.cohort, action.generation, failure=action.failure,
                               status=status.stdout.strip()[-400:])
         elif isinstance(action, AbandonStart):
-            self.node.starting.pop(action.cohort, None)
+            start = self.node.starting.pop(action.cohort, None)
+            if start is not None and start.requested is not None:
+                start.requested.wait(LAUNCH_ASK_S)  # the stop comes after the start job, never before it
             systemctl("stop", self.plan.unit_name("engine", action.cohort))
             self.events.write("launch-abandoned", action.cohort, action.generation,
                               slot_generation=action.slot_generation, slot_state=action.slot_state)
@@ -308,11 +311,23 @@ class Executor:
             self.events.write("confirm-error", cohort, generation, error=str(err))
 
     def launch(self, cohort: int, generation: int) -> None:
-        """Start this node's rank of a new generation without waiting for it (the loop tracks the start)."""
+        """Start this node's rank of a new generation without waiting for it: systemd is asked for the start job
+        in a thread (its two systemctl calls took 10-180 ms on a loaded testbed host, and the loop would wait for
+        them: the driver's promotion, every detection and teardown on this node), and the loop tracks the start
+        once the job was asked for (until then the unit still shows the failed generation)."""
         unit = self.plan.unit_name("engine", cohort)
-        systemctl("reset-failed", unit)
-        systemctl("start", "--no-block", unit)
-        self.node.starting[cohort] = Start(generation, Now.read().mono)
+        start = Start(generation, Now.read().mono, threading.Event())
+        self.node.starting[cohort] = start
+
+        def ask() -> None:
+            try:
+                systemctl("reset-failed", unit)
+                systemctl("start", "--no-block", unit)
+            finally:  # a systemctl that failed or hung: the start is judged from the unit's state as ever
+                if start.requested is not None:
+                    start.requested.set()
+                os.write(self.wake_fd, b"l")
+        threading.Thread(target=ask, name=f"launch-{cohort}", daemon=True).start()
 
     def launched(self, rank: LocalRank) -> None:
         self.node.starting.pop(rank.cohort, None)

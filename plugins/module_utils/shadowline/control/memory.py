@@ -3,6 +3,7 @@ the leader node what the driver is verifying and relaunching (DriverMemory). Onl
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,12 @@ class Start:
     """A unit start this agent began, until systemd shows the rank running (or failed)."""
     generation: int
     since: float  # monotonic
+    # set once systemd was asked for the start job (executor.launch asks in a thread); None: asked already
+    requested: threading.Event | None = None
+
+    def asked(self) -> bool:
+        """Whether systemd has the start job, so that the unit's state says something of this start."""
+        return self.requested is None or self.requested.is_set()
 
 
 @dataclass

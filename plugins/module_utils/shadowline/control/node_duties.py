@@ -338,6 +338,8 @@ class NodeDuties:
 
     def track_starts(self, now: Now) -> None:
         for cohort, start in list(self.memory.starting.items()):
+            if not start.asked():
+                continue
             tracked = observe.track(self.plan, self.host, cohort, start.generation, engine_only=True)
             unit = None if tracked else observe.unit_state(self.plan.unit_name("engine", cohort))
             self.execute(start_progress(cohort, start, tracked, unit, now))

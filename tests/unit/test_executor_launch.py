@@ -1,0 +1,63 @@
+"""A relaunch does not hold up the agent's loop (control/executor.py ``launch``): systemd is asked for the start job
+in a thread, and the loop tracks the start only once it was asked. ``systemctl`` here is a script first on PATH
+that takes 0.3 s (on a loaded testbed host the two calls took 10-180 ms, during which the driver's promotion was
+not recorded) and logs each call with its start and end."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from shadowline.control.actions import AbandonStart, Launch
+from shadowline.control.events import EventLog
+from shadowline.control.memory import NodeMemory
+
+from .test_executor_order import node_executor, two_nodes
+
+SLOW_SYSTEMCTL = '''#!{python}
+"""systemctl for the test: takes 0.3 s, then appends its arguments and when it ran to {log}."""
+import json, sys, time
+start = time.time()
+time.sleep(0.3)
+with open({log!r}, "a") as out:
+    out.write(json.dumps({{"argv": sys.argv[1:], "start": start, "end": time.time()}}) + "\\n")
+'''
+
+
+def test_a_launch_returns_at_once_and_its_start_is_tracked_once_asked(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    plan, hosts = two_nodes(tmp_path)
+    calls = tmp_path / "systemctl.log"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "systemctl").write_text(SLOW_SYSTEMCTL.format(python=sys.executable, log=str(calls)))
+    (bindir / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    node = NodeMemory()
+    executor = node_executor(plan, hosts[0], None, EventLog(str(tmp_path / "events.jsonl"), hosts[0], journal=None),
+                             node, 1)
+    unit = plan.unit_name("engine", 1)
+
+    began = time.monotonic()
+    executor([Launch(1, 4)])
+    assert time.monotonic() - began < 0.1, "the loop waited for systemctl"
+    start = node.starting[1]
+    assert start.generation == 4 and not start.asked(), "tracked before systemd was asked for the start job"
+    assert start.requested is not None and start.requested.wait(5)
+    assert start.asked()
+    ran = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert [c["argv"] for c in ran] == [["reset-failed", unit], ["start", "--no-block", unit]]
+
+    # a start abandoned while its job is being asked for: the stop comes after the start, never before it
+    calls.unlink()
+    executor([Launch(1, 5)])
+    executor([AbandonStart(1, 5, 6, "launching")])
+    assert 1 not in node.starting
+    ran = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert [c["argv"][0] for c in ran] == ["reset-failed", "start", "stop"]
+    assert ran[2]["start"] >= ran[1]["end"], "systemctl stop ran before the start job was asked for"
