@@ -14,11 +14,14 @@ import pytest
 
 from shadowline.control.actions import RevokeRegistration
 from shadowline.control.agent_metrics import AgentMetrics
+from shadowline.control.coordination import LAUNCHING, RUNNING, Slot
 from shadowline.control.discovery import registrations
+from shadowline.control.driver_duties import REVOKE_RETRY_S, revoke_due
 from shadowline.control.etcd_client import Etcd
 from shadowline.control.events import EventLog
 from shadowline.control.executor import Executor, Schedule
 from shadowline.control.memory import DriverMemory, NodeMemory
+from shadowline.control.view import DeploymentView, Now, SlotEntry
 from shadowline.deployment.plan import Plan
 from tests.loopback import ETCD, start_etcd
 
@@ -62,4 +65,41 @@ def test_a_failed_generation_is_revoked_and_a_later_one_of_its_cohort_kept(tmp_p
         assert [(e["event"], e["detail"]["leases"]) for e in logged] == [("registration-revoked", [f"{dead:x}"])]
     finally:
         etcd.close()
+        server.stop()
+
+
+def test_a_revocation_etcd_did_not_answer_is_tried_again(tmp_path: Path):
+    """etcd away at the revocation (a network blip): the failed generation stays to be revoked, tried again after
+    REVOKE_RETRY_S once etcd answers, instead of being taken as done (its registration would stay for its lease's
+    30 s, the frontend routing requests to a dead worker)."""
+    if not os.path.exists(ETCD):
+        pytest.skip("no etcd binary")
+    plan, hosts = two_nodes(tmp_path)
+    server = start_etcd(tmp_path)
+    etcd = Etcd(server.url)
+    away = Etcd("http://127.0.0.1:9", timeout=0.2, deadline=0.4)  # nothing listens on the discard port
+    try:
+        dead = register(etcd, plan, 1, 31003)
+        driver = DriverMemory(serving=0, registered={(1, 1): [dead]})
+        events = tmp_path / "events.jsonl"
+        executor = Executor(plan, hosts[0], away, EventLog(str(events), hosts[0], journal=None),
+                            AgentMetrics(plan.deployment, hosts[0], [1]), NodeMemory(), driver, Schedule(),
+                            os.open(os.devnull, os.O_WRONLY))
+        relaunched = DeploymentView(slots={0: SlotEntry(Slot(0, 1, RUNNING), 10),
+                                           1: SlotEntry(Slot(1, 2, LAUNCHING), 11)},
+                                    agents=frozenset(hosts), gone={}, gms_lost={}, active=None)
+        executor([RevokeRegistration(1, 1)])
+        assert (1, 1) not in driver.revoked and (1, 1) in driver.unrevoked, "a failed revocation was taken as done"
+        assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == ["revoke-error"]
+        failed_at = driver.revoke_failed_at[(1, 1)]
+        soon = Now(wall=failed_at + REVOKE_RETRY_S / 2, mono=0.0)
+        assert revoke_due(relaunched, driver, NodeMemory(), soon) == []  # not again at once
+        executor.etcd = etcd  # etcd answers again
+        later = Now(wall=failed_at + REVOKE_RETRY_S, mono=0.0)
+        executor(revoke_due(relaunched, driver, NodeMemory(), later))
+        assert registrations(etcd) == [], "the dead registration is still there"
+        assert (1, 1) in driver.revoked and not driver.unrevoked and not driver.revoke_failed_at
+    finally:
+        etcd.close()
+        away.close()
         server.stop()

@@ -64,6 +64,7 @@ from .view import DeploymentView, Now
 LAUNCH_TIMEOUT_S = 300.0  # a launched generation whose leader never gets healthy is declared failed
 PROMOTION_TIMEOUT_S = 60.0  # lock taken -> active, registered and serving through the frontend (after waking)
 REVOKE_DEFER_MAX_S = 10.0  # longest the serving cohort's registration is kept while its successor wakes
+REVOKE_RETRY_S = 1.0  # a revocation etcd refused or did not answer is tried again this often (while it answers)
 SERVING_PROBE_S = 0.5  # while a node's agent is lost: how often the driver sends a completion through the frontend
 SERVING_SILENT_EXTRA_S = 2.0  # the probe's request timeout, on top of health_timeout_s
 
@@ -216,11 +217,13 @@ def revoke_due(view: DeploymentView, driver: DriverMemory, node: NodeMemory, now
     A deferred revocation is remembered apart from the slot (``DeferRevocation``): the failed slot may be
     relaunched before the successor registered, and its next generation must not make the dead registration
     wait for its lease to run out (30 s): the frontend keeps routing there, each request it sends there is one
-    migration, and a client whose request meets three dead workers gets a 503."""
+    migration, and a client whose request meets three dead workers gets a 503. A revocation that etcd refused or
+    did not answer is kept the same way and tried again every REVOKE_RETRY_S."""
     failed = {(e.slot.cohort, e.slot.generation): e.slot.since for e in view.slots.values() if e.slot.state == FAILED}
     actions: list[Action] = []
     for (cohort, generation), since in sorted({**failed, **driver.unrevoked}.items()):
-        if (cohort, generation) in driver.revoked:
+        if (cohort, generation) in driver.revoked \
+                or now.wall - driver.revoke_failed_at.get((cohort, generation), 0.0) < REVOKE_RETRY_S:
             continue
         detected = node.detected_at.get((cohort, generation), since)
         if cohort == driver.serving and now.wall - detected < REVOKE_DEFER_MAX_S and handing_over(cohort, view, driver):

@@ -478,16 +478,24 @@ class Executor:
 
     def revoke(self, action: RevokeRegistration, driver: DriverMemory) -> None:
         failed = (action.cohort, action.generation)
-        driver.revoked.add(failed)
-        driver.unrevoked.pop(failed, None)
-        leases = driver.registered.pop(failed, [])
-        others = {lease for key, held in driver.registered.items() if key[0] == action.cohort for lease in held}
+        recorded = driver.registered.get(failed, [])
+        others = {lease for key, held in driver.registered.items() if key != failed and key[0] == action.cohort
+                  for lease in held}
         try:  # a later generation of the cohort may be registered by now: its leases are not the failed one's
-            leases += [lease for lease in self.registrations(action.cohort) if lease not in others]
+            found = [lease for lease in self.registrations(action.cohort) if lease not in others]
+            leases = list(dict.fromkeys([*recorded, *found]))
             revoked = revoke_leases(self.etcd, leases) if leases else []
         except EtcdError as err:
+            # tried again (revoke_due, at most every REVOKE_RETRY_S while etcd answers): a dead registration
+            # left would keep the frontend routing requests to it for its lease's 30 s
+            driver.unrevoked.setdefault(failed, time.time())
+            driver.revoke_failed_at[failed] = time.time()
             self.events.write("revoke-error", action.cohort, action.generation, error=str(err))
             return
+        driver.revoked.add(failed)
+        driver.unrevoked.pop(failed, None)
+        driver.revoke_failed_at.pop(failed, None)
+        driver.registered.pop(failed, None)
         if revoked:
             self.events.write("registration-revoked", action.cohort, action.generation,
                               leases=[f"{lease:x}" for lease in revoked])

@@ -105,6 +105,7 @@ class DriverMemory:
     registered: dict[tuple[int, int], list[int]] = field(default_factory=dict)
     revoked: set[tuple[int, int]] = field(default_factory=set)  # (cohort, generation) whose registration went
     unrevoked: dict[tuple[int, int], float] = field(default_factory=dict)  # failed, revocation deferred -> since (unix)
+    revoke_failed_at: dict[tuple[int, int], float] = field(default_factory=dict)  # its revocation's last error (unix)
     promotion: Promotion | None = None  # the lock's new holder until its serving is verified
     serving: int | None = None  # the cohort last verified serving
     adopted: bool = False  # the first view was taken (the serving cohort read, missing slots created)
