@@ -1,6 +1,6 @@
 """A relaunch does not hold up the agent's loop (control/executor.py ``launch``): systemd is asked for the start job
 in a thread, and the loop tracks the start only once it was asked. ``systemctl`` here is a script first on PATH
-that takes 0.3 s (on a loaded testbed host the two calls took 10-180 ms, during which the driver's promotion was
+that takes 0.3 s (on a loaded testbed host the two calls took 31-180 ms, during which the driver's promotion was
 not recorded) and logs each call with its start and end."""
 
 from __future__ import annotations

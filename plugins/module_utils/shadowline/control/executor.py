@@ -312,7 +312,7 @@ class Executor:
 
     def launch(self, cohort: int, generation: int) -> None:
         """Start this node's rank of a new generation without waiting for it: systemd is asked for the start job
-        in a thread (its two systemctl calls took 10-180 ms on a loaded testbed host, and the loop would wait for
+        in a thread (its two systemctl calls took 31-180 ms on a loaded testbed host, and the loop would wait for
         them: the driver's promotion, every detection and teardown on this node), and the loop tracks the start
         once the job was asked for (until then the unit still shows the failed generation)."""
         unit = self.plan.unit_name("engine", cohort)
