@@ -316,16 +316,15 @@ class Executor:
         them: the driver's promotion, every detection and teardown on this node), and the loop tracks the start
         once the job was asked for (until then the unit still shows the failed generation)."""
         unit = self.plan.unit_name("engine", cohort)
-        start = Start(generation, Now.read().mono, threading.Event())
-        self.node.starting[cohort] = start
+        requested = threading.Event()
+        self.node.starting[cohort] = Start(generation, Now.read().mono, requested)
 
         def ask() -> None:
             try:
                 systemctl("reset-failed", unit)
                 systemctl("start", "--no-block", unit)
             finally:  # a systemctl that failed or hung: the start is judged from the unit's state as ever
-                if start.requested is not None:
-                    start.requested.set()
+                requested.set()
                 os.write(self.wake_fd, b"l")
         threading.Thread(target=ask, name=f"launch-{cohort}", daemon=True).start()
 
