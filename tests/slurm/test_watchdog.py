@@ -8,6 +8,7 @@ registration is revoked and the failover lock is free.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -33,10 +34,22 @@ FAKE_LEADER = textwrap.dedent("""
     signal.signal(signal.SIGINT, lambda *a: os._exit(0))
     sub = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # stays in our process group
     open(sys.argv[1], "w").write(f"{os.getpid()} {sub.pid}")
+    filler = []  # with FAKE_FILL_STDERR: a thread fills the stderr pipe we share with the watchdog, and /health
+    def fill():  # answers 200 only once it is blocked in there: the watchdog's log line on a first 200 blocks
+        filler.append(threading.get_native_id()); os.write(2, b"x" * (4 << 20))
+    def blocked():
+        try:
+            return open(f"/proc/self/task/{filler[0]}/wchan").read().endswith(("pipe_write", "pipe_wait_writable"))
+        except (IndexError, OSError):
+            return False
+    if os.environ.get("FAKE_FILL_STDERR"):
+        threading.Thread(target=fill, daemon=True).start()
     tokens = [42]
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             body = b"ok"
+            if os.environ.get("FAKE_FILL_STDERR") and not blocked():
+                self.send_response(503); self.end_headers(); return
             if self.path == "/metrics" and os.environ.get("FAKE_METRICS"):  # vLLM's progress metrics
                 tokens[0] += os.environ["FAKE_METRICS"] == "moving"
                 body = (f'vllm:num_requests_running{{model_name="m",engine="0"}} 1.0\\n'
@@ -93,7 +106,8 @@ def test_sigterm_is_forwarded(tmp_path):
     assert events(err)[-1]["detail"]["forwarded"] == ["SIGTERM"]
 
 
-def start_fake_leader(tmp_path, *options: str, metrics: str = "") -> tuple[subprocess.Popen, int, int]:
+def start_fake_leader(tmp_path, *options: str, metrics: str = "", fill_stderr: bool = False,
+                      ) -> tuple[subprocess.Popen, int, int]:
     """A fake leader under the watchdog: /health 200; with ``metrics`` (stalled, moving) vLLM's progress metrics
     with a request running, and an argv the watchdog takes for the stand-in's (the last argument, ignored)."""
     pids = tmp_path / "pids"
@@ -104,7 +118,7 @@ def start_fake_leader(tmp_path, *options: str, metrics: str = "") -> tuple[subpr
     proc = watchdog("--health-timeout", "1.5", "--interval", "0.1", *options, "--",
                     sys.executable, str(script), str(pids), *backend,
                     env={"DYN_SYSTEM_HOST": "127.0.0.1", "DYN_SYSTEM_PORT": str(port), "ETCD_ENDPOINTS": "",
-                         "FAKE_METRICS": metrics})
+                         "FAKE_METRICS": metrics, "FAKE_FILL_STDERR": "1" if fill_stderr else ""})
     wait_until(lambda: pids.exists() and pids.read_text(), 10, what="the fake leader")
     leader, sub = (int(x) for x in pids.read_text().split())
     wait_until(lambda: harness.http("GET", f"http://127.0.0.1:{port}/health", timeout=0.5)[0] == 200, 10,
@@ -172,6 +186,38 @@ def test_term_grace_0_kills_at_once_and_sigint_still_stops_in_order(tmp_path):
     proc.communicate(timeout=20)
     assert proc.returncode == 0  # forwarded: the fake leader exits 0 on SIGTERM/SIGINT handling
     assert not alive(sub)
+
+
+def blocked_writing_to_a_pipe(pid: int) -> bool:
+    """The process's main thread waits in a write to a full pipe (the kernel's wait channel)."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text().strip().endswith(("pipe_write", "pipe_wait_writable"))
+    except OSError:
+        return False
+
+
+def test_sigterm_while_the_watchdog_is_inside_a_write_still_kills_at_once(tmp_path):
+    """The signal handler interrupts whatever the loop was doing, a log line to stderr included (a journal that
+    does not keep up, a full pipe): a handler that wrote to stderr itself raised "reentrant call" in there, the
+    watchdog died of it and the rank went on running, holding the failover lock. Injected: the rank fills the
+    stderr pipe they share, so the watchdog's next log line blocks; SIGTERM then; the rank's group must be gone
+    while the watchdog's write is still blocked, and its log, once read, says what happened."""
+    proc, leader, sub = start_fake_leader(tmp_path, "--term-grace", "0", fill_stderr=True)
+    try:
+        wait_until(lambda: blocked_writing_to_a_pipe(proc.pid), 10, what="the watchdog blocked in a write to stderr")
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: not alive(leader) and not alive(sub), 5, what="the rank's process group killed")
+        assert proc.poll() is None and blocked_writing_to_a_pipe(proc.pid), "the write should still be blocked"
+    except BaseException:  # nothing left behind when it fails: the rank's group, the watchdog's session
+        for group in (leader, proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        raise
+    _unused, err = proc.communicate(timeout=20)
+    log = err.replace("x" * 4096, "")  # the filler
+    assert proc.returncode == 128 + 9, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    assert [e["event"] for e in events(err)][-2:] == ["killed-on-term", "rank-exited"]
 
 
 def children(pid: int) -> list[int]:

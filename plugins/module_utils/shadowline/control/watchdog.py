@@ -251,9 +251,11 @@ class Killed:
 
 def kill_at_once(target: Target, child: subprocess.Popen, event: str, reason: str, revoke: bool) -> Killed:
     """Kill the rank's process group at once (the ports it listened on taken first, to find its registration).
-    Safe in a signal handler: no wait on the child (Popen's wait lock may be held by the code it interrupted)."""
+    Safe in a signal handler: no wait on the child (Popen's wait lock may be held by the code it interrupted) and
+    nothing written (the code it interrupted may be inside a write to stderr, whose buffer's lock a second write
+    from the handler cannot take: Python raises "reentrant call" there, which would end the watchdog with the rank
+    left running); finish_teardown logs it."""
     started = time.time()
-    log(f"{event}: {reason}; killing process group {child.pid} and revoking its discovery registration")
     ports = listening_ports(group_members(child.pid)) if revoke and target.leader else set()
     kill_group(child.pid)
     return Killed(event, reason, started, frozenset(ports))
@@ -261,6 +263,8 @@ def kill_at_once(target: Target, child: subprocess.Popen, event: str, reason: st
 
 def finish_teardown(target: Target, child: subprocess.Popen, killed: Killed, revoke: Revoker | None) -> None:
     """Revoke the killed rank's registration (unless ``revoke`` is None), reap it, log and emit the event."""
+    log(f"{killed.event}: {killed.reason}; killed process group {child.pid}"
+        + (", revoking its discovery registration" if revoke else ""))
     revoked = revoke_registration(target, set(killed.ports), revoke) if revoke else []
     child.wait()
     emit(killed.event, reason=killed.reason, detected=round(killed.started, 3),
