@@ -252,6 +252,7 @@ class Rank:
         self.stopping = threading.Event()
         self.booting = True
         self.hang_on_wake = False  # the hang-wake fault: stuck once it holds the lock, before it is active
+        self.stop_signal = 0  # the SIGTERM or SIGINT that asked us to stop (logged by shutdown)
         self.worker: Worker | None = None
         self.collective: cohort.Collective | None = None
         self.state_dir = settings.state_dir()
@@ -259,9 +260,15 @@ class Rank:
         self.heartbeat_file = settings.heartbeat_path(cfg.engine_id, cfg.rank, self.state_dir)
         self.weights = Weights(cfg, self.stopping)
 
+    def say_why_stopping(self) -> None:
+        """The log line for the signal that stopped us (once; the handler itself writes nothing)."""
+        if self.stop_signal:
+            log.info("%s: shutting down", signal.Signals(self.stop_signal).name)
+            self.stop_signal = 0
+
     def install_handlers(self) -> None:
-        def on_term(signum: int, _frame: Any) -> None:
-            log.info("%s: shutting down", signal.Signals(signum).name)
+        def on_term(signum: int, _frame: Any) -> None:  # writes nothing: it may interrupt a write (watchdog.py)
+            self.stop_signal = self.stop_signal or signum
             self.stopping.set()
             if self.booting:
                 raise Shutdown
@@ -346,6 +353,7 @@ class Headless(Rank):
             log.error("engine failed: %s", e)
             return 1
         finally:
+            self.say_why_stopping()
             self.stopping.set()
             self.cleanup()
         return 0
@@ -486,6 +494,7 @@ class Leader(Rank):
         return self.shutdown(0)
 
     def shutdown(self, code: int) -> int:
+        self.say_why_stopping()
         self.stopping.set()
         if self.collective is not None:
             self.collective.shutdown()

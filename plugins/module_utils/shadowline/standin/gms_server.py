@@ -197,9 +197,10 @@ def main(argv: list[str] | None = None) -> int:
             sel.register(lsock, selectors.EVENT_READ)
 
     stopping = threading.Event()
+    received: list[int] = []
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("GMS stand-in: %s, shutting down", signal.Signals(signum).name)
+    def on_signal(signum: int, _frame: Any) -> None:  # writes nothing: it may interrupt a write (watchdog.py)
+        received.append(signum)
         stopping.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -222,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                 conn.setblocking(True)
                 threading.Thread(target=serve_client, args=(pool, conn), daemon=True).start()
     finally:
+        if received:
+            log.info("GMS stand-in: %s, shutting down", signal.Signals(received[0]).name)
         for pool, lsock in pools.values():
             lsock.close()
             try:
