@@ -3,8 +3,11 @@ actions out. No process, no etcd, no testbed."""
 
 from __future__ import annotations
 
+import threading
+
 from shadowline.control.actions import (
     AbandonStart,
+    CheckStart,
     Confirm,
     Declare,
     Fence,
@@ -22,6 +25,7 @@ from shadowline.control.actions import (
     ReportInvalid,
     SetGeneration,
     TearDown,
+    Untrack,
     WakeAt,
 )
 from shadowline.control.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
@@ -34,6 +38,7 @@ from shadowline.control.node_duties import (
     gpu_faults,
     health_probe_timeout,
     judge_rank,
+    judge_start,
     launch_due,
     leader_probes_due,
     rank_exited,
@@ -44,9 +49,10 @@ from shadowline.control.node_duties import (
     settle_failed,
     slot_failed,
     start_progress,
+    starts_to_check,
     teardowns_due,
 )
-from shadowline.control.observe import HealthAnswer, UnitState
+from shadowline.control.observe import HealthAnswer, StartCheck, UnitState
 from shadowline.control.policy import HangPolicy
 from shadowline.control.progress import Observation, ProgressSample
 from shadowline.control.view import Active, DeploymentView, Invalid, Now, SlotEntry
@@ -192,6 +198,37 @@ def test_leftover_of_an_older_generation_is_retired():
 def test_start_that_runs_is_tracked():
     tracked = rank(generation=2)
     assert start_progress(0, Start(2, NOW.mono), tracked, None, NOW) == [Launched(tracked)]
+
+
+def test_a_start_is_looked_at_once_asked_one_look_at_a_time_and_paced():
+    """The look at a start's unit runs in a thread (systemctl show: 9-55 ms a call on a loaded host); one out per
+    start, none before systemd was asked for the start job, none within 50 ms of the last answer."""
+    asking = threading.Event()
+    mem = memory(starting={0: Start(2, NOW.mono, asking), 1: Start(5, NOW.mono)})
+    assert starts_to_check(mem, NOW) == [CheckStart(1, 5)]  # cohort 0's start job is still being asked for
+    asking.set()
+    mem.checking[1] = 5  # its look is out
+    assert starts_to_check(mem, NOW) == [CheckStart(0, 2)]
+    mem.checking.clear()
+    mem.starting[0].looked_at = NOW.mono - 0.01
+    assert starts_to_check(mem, NOW) == [CheckStart(1, 5)]
+    assert starts_to_check(mem, at(0.05)) == [CheckStart(0, 2), CheckStart(1, 5)]
+    mem.checking[0] = 1  # a look at an older start of cohort 0 is still out: it says nothing of this one
+    assert CheckStart(0, 2) in starts_to_check(mem, at(0.05))
+
+
+def test_a_look_is_judged_against_the_start_still_in_progress():
+    tracked = rank(generation=2)
+    start = Start(2, NOW.mono)
+    assert judge_start(StartCheck(0, 2, tracked, None), start, NOW) == [Launched(tracked)]
+    failed = UnitState("failed", "failed", "exit-code")
+    assert kinds(judge_start(StartCheck(0, 2, None, failed), start, at(0.3))) == ["LaunchFailed", "Declare"]
+    # the start was abandoned, or superseded, while the look was out: its find is let go, nothing judged
+    assert judge_start(StartCheck(0, 2, tracked, None), None, NOW) == [Untrack(tracked)]
+    assert judge_start(StartCheck(0, 2, tracked, None), Start(3, NOW.mono), NOW) == [Untrack(tracked)]
+    assert judge_start(StartCheck(0, 2, None, failed), Start(3, NOW.mono), at(0.3)) == []
+    # a look that failed is recorded; the next one looks again
+    assert kinds(judge_start(StartCheck(0, 2, None, None, "OSError: boom"), start, NOW)) == ["Record:start-check-failed"]
 
 
 def test_launch_failed_when_the_unit_failed():

@@ -1,5 +1,6 @@
-"""A relaunch does not hold up the agent's loop (control/executor.py ``launch``): systemd is asked for the start job
-in a thread, and the loop tracks the start only once it was asked. ``systemctl`` here is a script first on PATH
+"""A relaunch does not hold up the agent's loop (control/executor.py ``launch``, ``check_start``): systemd is asked
+for the start job in a thread, the loop tracks the start only once it was asked, and each look at the start's unit
+runs in a thread too. ``systemctl`` here is a script first on PATH
 that takes 0.3 s (on a loaded testbed host the two calls took 31-180 ms, during which the driver's promotion was
 not recorded) and logs each call with its start and end."""
 
@@ -13,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from shadowline.control.actions import AbandonStart, Launch
+from shadowline.control.actions import AbandonStart, CheckStart, Launch
 from shadowline.control.events import EventLog
 from shadowline.control.memory import NodeMemory
+from shadowline.control.observe import StartCheck, UnitState
 
 from .test_executor_order import node_executor, two_nodes
 
@@ -29,15 +31,21 @@ with open({log!r}, "a") as out:
 '''
 
 
-def test_a_launch_returns_at_once_and_its_start_is_tracked_once_asked(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch):
-    plan, hosts = two_nodes(tmp_path)
+def slow_systemctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The slow systemctl first on PATH; the log of its calls."""
     calls = tmp_path / "systemctl.log"
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "systemctl").write_text(SLOW_SYSTEMCTL.format(python=sys.executable, log=str(calls)))
     (bindir / "systemctl").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    return calls
+
+
+def test_a_launch_returns_at_once_and_its_start_is_tracked_once_asked(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    plan, hosts = two_nodes(tmp_path)
+    calls = slow_systemctl(tmp_path, monkeypatch)
     node = NodeMemory()
     executor = node_executor(plan, hosts[0], None, EventLog(str(tmp_path / "events.jsonl"), hosts[0], journal=None),
                              node, 1)
@@ -61,3 +69,24 @@ def test_a_launch_returns_at_once_and_its_start_is_tracked_once_asked(tmp_path: 
     ran = [json.loads(line) for line in calls.read_text().splitlines()]
     assert [c["argv"][0] for c in ran] == ["reset-failed", "start", "stop"]
     assert ran[2]["start"] >= ran[1]["end"], "systemctl stop ran before the start job was asked for"
+
+
+def test_a_look_at_a_start_returns_at_once_and_its_answer_comes_back(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    plan, hosts = two_nodes(tmp_path)
+    calls = slow_systemctl(tmp_path, monkeypatch)
+    node = NodeMemory()
+    executor = node_executor(plan, hosts[0], None, EventLog(str(tmp_path / "events.jsonl"), hosts[0], journal=None),
+                             node, 1)
+    began = time.monotonic()
+    executor([CheckStart(1, 4)])
+    assert time.monotonic() - began < 0.1, "the loop waited for systemctl show"
+    assert node.checking == {1: 4} and executor.take_start_checks() == []
+    deadline = time.monotonic() + 5
+    answers: list[StartCheck] = []
+    while not answers and time.monotonic() < deadline:
+        answers = executor.take_start_checks()
+        time.sleep(0.02)
+    # this systemctl answers nothing: no rank runs, the unit's state unknown (judged as "still starting")
+    assert answers == [StartCheck(1, 4, None, UnitState("unknown", "?", "?"))]
+    assert [json.loads(line)["argv"][0] for line in calls.read_text().splitlines()] == ["show", "show"]

@@ -76,8 +76,24 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class CheckStart:
+    """Look at a start's unit (is its rank running, did systemd fail it?) in a thread of its own: ``systemctl
+    show`` took 9-55 ms a call on a loaded testbed host, every tick of a start; the answer comes back to the loop
+    as an observe.StartCheck."""
+    cohort: int
+    generation: int
+
+
+@dataclass(frozen=True)
 class Launched:
     """systemd runs the rank this agent started: track it."""
+    rank: LocalRank
+
+
+@dataclass(frozen=True)
+class Untrack:
+    """A rank found running for a start that is gone meanwhile (abandoned, or superseded: its stop is the
+    abandonment's): close the pidfd the look opened on it."""
     rank: LocalRank
 
 
@@ -337,7 +353,7 @@ class ClearGmsLost:
 
 
 Action = Union[Record, WakeAt, Declare, TearDown, FinishTeardown, KillRest, Confirm, Launch, Launched, LaunchFailed,
-               AbandonStart, NoteDetected, MarkHealthy, ProbeLeader, NoteProgress, Fence, ClearFence, SetGeneration, ReportInvalid,
+               CheckStart, Untrack, AbandonStart, NoteDetected, MarkHealthy, ProbeLeader, NoteProgress, Fence, ClearFence, SetGeneration, ReportInvalid,
                ReportGmsLost, SwapSlot, RevokeRegistration, DeferRevocation,
                ObserveTeardown, NoteLaunched, SetHolder, SetServing, CreateSlot, BeginPromotion, ExtendPromotion, TakeBridge, ReleaseBridge,
                NoteLockReplaced, PromotionActive, PromotionRegistered,

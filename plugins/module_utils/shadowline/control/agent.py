@@ -124,6 +124,7 @@ class Agent:
         if self.execute.take_probe_results():
             self.schedule.next_check = 0.0  # a promotion's completion answered: verify at once
         self.node.judge_probes(self.execute.take_leader_probes())  # the leaders' /health and progress, as they come
+        self.node.judge_starts(self.execute.take_start_checks())  # the starts' units, as their looks answer
         if self.memory.starting:
             self.node.track_starts(now)
         if self.memory.terminating:

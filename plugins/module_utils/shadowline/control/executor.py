@@ -11,6 +11,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..deployment.plan import Plan
 from . import frontend, observe
@@ -22,6 +23,7 @@ from .actions import (
     AgentLost,
     AgentsSeen,
     BeginPromotion,
+    CheckStart,
     ClearFence,
     ClearGmsLost,
     Confirm,
@@ -63,6 +65,7 @@ from .actions import (
     SwapSlot,
     TakeBridge,
     TearDown,
+    Untrack,
     WakeAt,
 )
 from .agent_metrics import AgentMetrics
@@ -72,7 +75,7 @@ from .etcd_client import Etcd, EtcdError
 from .events import EventLog
 from .lock import try_acquire
 from .memory import Canary, DriverMemory, LocalRank, NodeMemory, Start, Teardown
-from .observe import LeaderProbe, rank_alive
+from .observe import LeaderProbe, StartCheck, rank_alive
 from .proc import alive, kill_cgroup, systemctl
 from .view import DeploymentView, Now
 
@@ -97,6 +100,17 @@ class ProbeResult:
     generation: int | None = None
 
 
+T = TypeVar("T")
+
+
+def drain(answers: queue.Queue[T]) -> list[T]:
+    """Everything a queue holds now (the threads' answers since the last tick)."""
+    taken = []
+    while not answers.empty():
+        taken.append(answers.get_nowait())
+    return taken
+
+
 class Executor:
     def __init__(self, plan: Plan, host: str, etcd: Etcd, events: EventLog, metrics: AgentMetrics,  # noqa: PLR0913 (over the size limits of pyproject.toml; split it when it changes next)
                  node: NodeMemory, driver: DriverMemory | None, schedule: Schedule, wake_fd: int) -> None:
@@ -112,6 +126,7 @@ class Executor:
         self.wake_fd = wake_fd
         self.probes: queue.Queue[ProbeResult] = queue.Queue()
         self.leader_probes: queue.Queue[LeaderProbe] = queue.Queue()
+        self.start_checks: queue.Queue[StartCheck] = queue.Queue()
         self.confirms: list[Confirm] = []  # written to etcd after the tick's kills and declarations
         self.settles: list[str] = []  # units whose processes are gone, stopped in systemd after the confirmations
         self.view: DeploymentView | None = None  # the agent's latest view: a declaration's compare-and-swap starts there
@@ -142,8 +157,13 @@ class Executor:
             self.confirms.append(action)
         elif isinstance(action, Launch):
             self.launch(action.cohort, action.generation)
+        elif isinstance(action, CheckStart):
+            self.check_start(action)
         elif isinstance(action, Launched):
             self.launched(action.rank)
+        elif isinstance(action, Untrack):
+            if action.rank.pidfd is not None:
+                os.close(action.rank.pidfd)
         elif isinstance(action, LaunchFailed):
             self.node.starting.pop(action.cohort, None)
             status = systemctl("status", "--no-pager", "-n", "5", self.plan.unit_name("engine", action.cohort))
@@ -327,6 +347,20 @@ class Executor:
                 requested.set()
                 os.write(self.wake_fd, b"l")
         threading.Thread(target=ask, name=f"launch-{cohort}", daemon=True).start()
+
+    def check_start(self, action: CheckStart) -> None:
+        """A start's unit looked at in a thread of its own (observe.check_start: one or two ``systemctl show``,
+        9-55 ms each on a loaded testbed host, every tick of a start); the answer wakes the loop."""
+        self.node.checking[action.cohort] = action.generation  # one out per start: judge_starts clears it
+
+        def look() -> None:
+            self.start_checks.put(observe.check_start(self.plan, self.host, action.cohort, action.generation))
+            os.write(self.wake_fd, b"s")
+        threading.Thread(target=look, name=f"start-check-{action.cohort}", daemon=True).start()
+
+    def take_start_checks(self) -> list[StartCheck]:
+        """The looks at starts answered since the last tick."""
+        return drain(self.start_checks)
 
     def launched(self, rank: LocalRank) -> None:
         self.node.starting.pop(rank.cohort, None)
@@ -546,10 +580,7 @@ class Executor:
 
     def take_leader_probes(self) -> list[LeaderProbe]:
         """The leader probes answered since the last tick."""
-        answers = []
-        while not self.leader_probes.empty():
-            answers.append(self.leader_probes.get_nowait())
-        return answers
+        return drain(self.leader_probes)
 
     def take_probe_results(self) -> bool:
         """Hand the probes' answers to the driver's memory; True when a promotion probe answered."""

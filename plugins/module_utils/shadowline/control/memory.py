@@ -39,6 +39,7 @@ class Start:
     since: float  # monotonic
     # set once systemd was asked for the start job (executor.launch asks in a thread); None: asked already
     requested: threading.Event | None = None
+    looked_at: float = float("-inf")  # monotonic: the last look at its unit answered (node_duties.judge_starts)
 
     def asked(self) -> bool:
         """Whether systemd has the start job, so that the unit's state says something of this start."""
@@ -69,6 +70,7 @@ class NodeMemory:
     fence: dict[str, Any] | None = None  # this node's fence record, once a GPU fault took its GPU out of service
     fence_written: bool = False  # etcd has it: its absence from a later view is an operator's unfence
     probing: dict[int, int] = field(default_factory=dict)  # cohort -> generation whose leader probe is out
+    checking: dict[int, int] = field(default_factory=dict)  # cohort -> generation whose start check is out
 
 
 @dataclass

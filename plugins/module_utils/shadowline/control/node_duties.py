@@ -22,6 +22,7 @@ from . import observe, progress
 from .actions import (
     AbandonStart,
     Action,
+    CheckStart,
     ClearFence,
     Confirm,
     Declare,
@@ -40,6 +41,7 @@ from .actions import (
     ReportInvalid,
     SetGeneration,
     TearDown,
+    Untrack,
     WakeAt,
 )
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
@@ -53,6 +55,7 @@ from .xid_table import NONE
 
 START_JOB_S = 30.0  # a unit start job that has not made the unit active by then has failed
 INACTIVE_AFTER_START_S = 2.0  # a unit still inactive this long after `systemctl start`: its job did not run
+START_LOOK_S = 0.05  # a start's unit looked at this often (the pace of the loop's tick when it ran in it)
 CLOCK_SKEW_S = 1.0  # between nodes' clocks: an adopted rank started this much before its generation's launch is
 # still counted as of that generation (NTP keeps cluster clocks far closer); earlier, it is a leftover
 NOT_GONE_REPORT_S = 1.0  # a killed rank's cgroup still not empty after this long: say so (once)
@@ -197,6 +200,25 @@ def start_progress(cohort: int, start: Start, tracked: LocalRank | None, unit: U
     return [LaunchFailed(cohort, start.generation, failure), Declare(cohort, start.generation, "launch-failed")]
 
 
+def starts_to_check(memory: NodeMemory, now: Now) -> list[Action]:
+    """A look at each start systemd was asked for (until then its unit still shows the failed generation), with
+    none out for that start already and none answered in the last START_LOOK_S: in a thread (CheckStart), judged
+    when it answers (judge_start)."""
+    return [CheckStart(cohort, start.generation) for cohort, start in memory.starting.items()
+            if start.asked() and memory.checking.get(cohort) != start.generation
+            and now.mono - start.looked_at >= START_LOOK_S]
+
+
+def judge_start(check: observe.StartCheck, start: Start | None, now: Now) -> list[Action]:
+    """A look at a start's unit, judged at the time it answered, against the start still in progress; a look at
+    a start that is gone meanwhile lets go of what it found."""
+    if start is None or start.generation != check.generation:
+        return [Untrack(check.tracked)] if check.tracked is not None else []
+    if check.error:  # recorded; the next tick looks again
+        return [Record("start-check-failed", check.cohort, check.generation, {"error": check.error})]
+    return start_progress(check.cohort, start, check.tracked, check.unit, now)
+
+
 def health_probe_timeout(rank: LocalRank, hang: HangPolicy, now: Now) -> float:
     """How long to wait for /health: at most until the leader would count as hung (0.05-0.5 s)."""
     left = hang.health_deadline(rank.healthy_at) - now.mono if rank.healthy_at is not None else 0.5
@@ -337,12 +359,19 @@ class NodeDuties:
             self.execute(rank_exited(rank, now, self.failover))
 
     def track_starts(self, now: Now) -> None:
-        for cohort, start in list(self.memory.starting.items()):
-            if not start.asked():
-                continue
-            tracked = observe.track(self.plan, self.host, cohort, start.generation, engine_only=True)
-            unit = None if tracked else observe.unit_state(self.plan.unit_name("engine", cohort))
-            self.execute(start_progress(cohort, start, tracked, unit, now))
+        """Look at each start's unit, in a thread per start (the executor's): the loop never waits on systemctl."""
+        self.execute(starts_to_check(self.memory, now))
+
+    def judge_starts(self, checks: list[observe.StartCheck]) -> None:
+        """Judge the starts whose looks answered, at the time they are judged."""
+        for check in checks:
+            if self.memory.checking.get(check.cohort) == check.generation:
+                del self.memory.checking[check.cohort]
+            now = Now.read()
+            start = self.memory.starting.get(check.cohort)
+            if start is not None:
+                start.looked_at = now.mono
+            self.execute(judge_start(check, start, now))
 
     def finish_teardowns(self, now: Now) -> None:
         alive = {c: observe.rank_alive(t.rank) for c, t in self.memory.terminating.items()}

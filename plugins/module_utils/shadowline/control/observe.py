@@ -57,6 +57,26 @@ def track(plan: Plan, host: str, cohort: int, generation: int, *, engine_only: b
 
 
 @dataclass(frozen=True)
+class StartCheck:
+    """What one look at a start's unit found: its rank running (``tracked``, with a pidfd), else the unit's state."""
+    cohort: int
+    generation: int
+    tracked: LocalRank | None
+    unit: UnitState | None  # None with a rank tracked, or when the look itself failed (``error``)
+    error: str = ""
+
+
+def check_start(plan: Plan, host: str, cohort: int, generation: int) -> StartCheck:
+    """``track`` the start's rank (its engine, in container mode); the unit's state when it does not run yet."""
+    try:
+        tracked = track(plan, host, cohort, generation, engine_only=True)
+        unit = None if tracked else unit_state(plan.unit_name("engine", cohort))
+    except Exception as err:  # noqa: BLE001 (a look that died unheard would leave the start unjudged for good)
+        return StartCheck(cohort, generation, None, None, f"{type(err).__name__}: {err}")
+    return StartCheck(cohort, generation, tracked, unit)
+
+
+@dataclass(frozen=True)
 class LeaderProbe:
     """What one probe of a leader rank read: its /health and, when asked and it answered 200, its progress
     metrics (``sample`` as leader_progress returns it; False when not read or not answered)."""
