@@ -13,6 +13,7 @@ from shadowline.control.actions import (
     DeferRevocation,
     EndCanary,
     EndPromotion,
+    LookAtPromotion,
     NoteLaunched,
     ProbePromotion,
     ProbeServing,
@@ -33,6 +34,7 @@ from shadowline.control.driver_duties import (
     first_view,
     lock_changed,
     lock_identity,
+    promotion_look_due,
     relaunch_due,
     repair_invalid,
     republish_weights,
@@ -218,18 +220,34 @@ def test_launch_failed_counts_as_quick_and_a_long_run_resets_the_count():
                         memory(), POLICY, NOW)[-1].slot.attempts == 0
 
 
+def test_a_promotion_is_looked_at_one_look_at_a_time_paced_until_it_is_registered():
+    """The look (its leader's failover state, then its registration) runs in a thread: one out at a time, at
+    most one every 50 ms, none once its registration was found (the completion through the frontend is next)."""
+    driver = DriverMemory(promotion=Promotion(1, 1, "engine-0", T0, NOW.mono + 30, NOW.mono + 10))
+    assert promotion_look_due(driver, NOW) == [LookAtPromotion()]
+    p = driver.promotion
+    p.looking, p.look_sent = True, NOW.mono
+    assert promotion_look_due(driver, at(1.0)) == []  # one out
+    p.looking = False
+    assert promotion_look_due(driver, at(0.02)) == []  # paced
+    assert promotion_look_due(driver, at(0.05)) == [LookAtPromotion()]
+    p.leases = [0xabc]
+    assert promotion_look_due(driver, at(1.0)) == []
+    assert promotion_look_due(DriverMemory(), NOW) == []
+
+
 def test_parked_relaunch_marked_running_and_a_launch_that_never_gets_healthy_fails():
     launching = slot(1, 2, LAUNCHING)
     driver = DriverMemory(launched_at={(1, 2): T0 - 1})
-    node = memory(rank(1, 2), detected_at={(1, 1): T0 - 1.5})
-    actions = running_due(launching, 12, driver, node, HealthAnswer(ok=True, at=NOW.mono), NOW)
+    node = memory(rank(1, 2, healthy_at=NOW.mono - 0.1), detected_at={(1, 1): T0 - 1.5})
+    actions = running_due(launching, 12, driver, node, NOW)
     assert kinds(actions) == ["SwapSlot"] and actions[0].kind == "running" and actions[0].slot.state == RUNNING
     assert actions[0].then[0].fields["relaunch_s"] == 1.5
-    assert running_due(launching, 12, driver, node, HealthAnswer(ok=False, at=NOW.mono), NOW) == []
-    late = running_due(launching, 12, DriverMemory(launched_at={(1, 2): T0 - 301}), node,
-                       HealthAnswer(ok=False, at=NOW.mono), NOW)
+    booting = memory(rank(1, 2), detected_at={(1, 1): T0 - 1.5})  # no 200 from its /health yet
+    assert running_due(launching, 12, driver, booting, NOW) == []
+    late = running_due(launching, 12, DriverMemory(launched_at={(1, 2): T0 - 301}), booting, NOW)
     assert late == [Declare(1, 2, "launch-timeout")]
-    assert running_due(launching, 12, DriverMemory(), memory(), None, NOW) == [NoteLaunched(1, 2, T0)]
+    assert running_due(launching, 12, DriverMemory(), memory(), NOW) == [NoteLaunched(1, 2, T0)]
 
 
 def test_stable_generation_resets_the_crash_loop_count():

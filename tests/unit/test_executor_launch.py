@@ -1,6 +1,6 @@
-"""A relaunch does not hold up the agent's loop (control/executor.py ``launch``, ``check_start``): systemd is asked
-for the start job in a thread, the loop tracks the start only once it was asked, and each look at the start's unit
-runs in a thread too. ``systemctl`` here is a script first on PATH
+"""A relaunch or a promotion does not hold up the agent's loop (control/executor.py ``launch``, ``check_start``,
+``look_at_promotion``): systemd is asked for the start job in a thread, the loop tracks the start only once it was
+asked, each look at the start's unit runs in a thread too, and so does each look at a promoted cohort. ``systemctl`` here is a script first on PATH
 that takes 0.3 s (on a loaded testbed host the two calls took 31-180 ms, during which the driver's promotion was
 not recorded) and logs each call with its start and end."""
 
@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from shadowline.control.actions import AbandonStart, CheckStart, Launch
+from shadowline.control.actions import AbandonStart, CheckStart, Launch, LookAtPromotion
+from shadowline.control.agent_metrics import AgentMetrics
 from shadowline.control.events import EventLog
-from shadowline.control.memory import NodeMemory
+from shadowline.control.executor import Executor, Schedule
+from shadowline.control.memory import DriverMemory, NodeMemory, Promotion, PromotionSeen
 from shadowline.control.observe import StartCheck, UnitState
 
 from .test_executor_order import node_executor, two_nodes
@@ -90,3 +92,33 @@ def test_a_look_at_a_start_returns_at_once_and_its_answer_comes_back(tmp_path: P
     # this systemctl answers nothing: no rank runs, the unit's state unknown (judged as "still starting")
     assert answers == [StartCheck(1, 4, None, UnitState("unknown", "?", "?"))]
     assert [json.loads(line)["argv"][0] for line in calls.read_text().splitlines()] == ["show", "show"]
+
+
+def test_a_look_at_a_promotion_returns_at_once_and_its_answer_is_handed_to_the_promotion(tmp_path: Path):
+    """The look reads the promoted leader's metrics (here nothing answers at its address: no state seen) in a
+    thread; the loop gets the answer through take_probe_results, which says a promotion answer came (the loop
+    then verifies at once)."""
+    plan, hosts = two_nodes(tmp_path)
+    driver = DriverMemory(promotion=Promotion(1, 3, "engine-0", time.time(), time.monotonic() + 30,
+                                              time.monotonic() + 10))
+    executor = Executor(plan, hosts[0], None, EventLog(str(tmp_path / "events.jsonl"), hosts[0], journal=None),
+                        AgentMetrics(plan.deployment, hosts[0], [0, 1], driver=True), NodeMemory(), driver, Schedule(),
+                        os.open(os.devnull, os.O_WRONLY))
+    began = time.monotonic()
+    executor([LookAtPromotion()])
+    assert time.monotonic() - began < 0.1, "the loop waited for the look"
+    p = driver.promotion
+    assert p is not None and p.looking and p.look_sent >= began
+    deadline = time.monotonic() + 5
+    while not executor.take_probe_results():
+        assert time.monotonic() < deadline, "the look never answered"
+        time.sleep(0.02)
+    assert not p.looking and p.seen is not None and p.seen.state is None and p.seen.leases == ()
+    assert p.seen == PromotionSeen(state=None, state_at=p.seen.state_at)
+    # an answer about a promotion that ended meanwhile is dropped
+    executor([LookAtPromotion()])
+    driver.promotion = None
+    deadline = time.monotonic() + 5
+    while executor.promotion_looks.empty() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert executor.take_probe_results() is False

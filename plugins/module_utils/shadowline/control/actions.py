@@ -277,6 +277,12 @@ class PromotionRegistered:
 
 
 @dataclass(frozen=True)
+class LookAtPromotion:
+    """Look at the promoted cohort in a thread (its leader's failover state, then its registration in discovery:
+    observe.look_at_promotion); the answer comes back through the executor's queue and wakes the loop."""
+
+
+@dataclass(frozen=True)
 class ProbePromotion:
     """Send a completion through the frontend in a thread; its answer comes back through the probe queue."""
 
@@ -357,5 +363,5 @@ Action = Union[Record, WakeAt, Declare, TearDown, FinishTeardown, KillRest, Conf
                ReportGmsLost, SwapSlot, RevokeRegistration, DeferRevocation,
                ObserveTeardown, NoteLaunched, SetHolder, SetServing, CreateSlot, BeginPromotion, ExtendPromotion, TakeBridge, ReleaseBridge,
                NoteLockReplaced, PromotionActive, PromotionRegistered,
-               ProbePromotion, EndPromotion, RecordActive, AgentsSeen, AgentLost, AgentBack, ProbeServing, SendCanary, EndCanary,
+               LookAtPromotion, ProbePromotion, EndPromotion, RecordActive, AgentsSeen, AgentLost, AgentBack, ProbeServing, SendCanary, EndCanary,
                RefreshLeases, NoteFences, ClearGmsLost]

@@ -75,7 +75,7 @@ class Agent:
         self.execute = Executor(plan, host, etcd, self.events, self.metrics, self.memory, self.driver_memory,
                                 self.schedule, self.wake_w)
         self.node = NodeDuties(plan, host, self.memory, self.execute)
-        self.driver = DriverDuties(plan, host, self.memory, self.driver_memory, self.execute.registrations,
+        self.driver = DriverDuties(plan, host, self.memory, self.driver_memory,
                                    self.execute) if self.driver_memory is not None else None
         self.feed = EtcdFeed(feed_etcd, self.coord.keys, host, frozenset(plan.cohort_ids),
                              int(plan.failover.agent_lease_ttl_s), CHECK_S if self.is_driver else SYNC_S, self.wake_w,
@@ -122,8 +122,9 @@ class Agent:
         news = self.take_news()
         self.node.on_slot_changes(news.slots)  # the hot path: a declared failure torn down from the event itself
         if self.execute.take_probe_results():
-            self.schedule.next_check = 0.0  # a promotion's completion answered: verify at once
-        self.node.judge_probes(self.execute.take_leader_probes())  # the leaders' /health and progress, as they come
+            self.schedule.next_check = 0.0  # a look at the promotion or its completion answered: verify at once
+        if self.node.judge_probes(self.execute.take_leader_probes()) and self.driver is not None:
+            self.schedule.next_check = 0.0  # a leader's first 200 (the leaders' probes answer as they come)
         self.node.judge_starts(self.execute.take_start_checks())  # the starts' units, as their looks answer
         if self.memory.starting:
             self.node.track_starts(now)

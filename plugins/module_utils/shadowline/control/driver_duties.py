@@ -11,13 +11,11 @@ shows in no metric); have the writer republish after a GMS server died.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..deployment.contract import Failover
 from ..deployment.plan import Plan
-from . import observe
 from .actions import (
     Action,
     AgentBack,
@@ -31,6 +29,7 @@ from .actions import (
     EndCanary,
     EndPromotion,
     ExtendPromotion,
+    LookAtPromotion,
     NoteFences,
     NoteLaunched,
     NoteLockReplaced,
@@ -50,32 +49,22 @@ from .actions import (
     SwapSlot,
     TakeBridge,
 )
-from .cohort_state import leader_view, lock_holder
+from .cohort_state import lock_holder
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
-from .etcd_client import EtcdError
 from .lock import parse_holder
 from .lock_identity import LockSeen, lock_seen
-from .memory import Canary, DriverMemory, NodeMemory, Promotion
-from .observe import HealthAnswer
+from .memory import Canary, DriverMemory, NodeMemory, Promotion, PromotionSeen
 from .policy import CANARY_UNANSWERED, NODE_FENCED, HangPolicy, RelaunchPolicy
-from .proc import cgroup_pids, listening_ports
+from .proc import cgroup_pids
 from .view import DeploymentView, Now
 
+PROMOTION_LOOK_S = 0.05  # a promotion being verified is looked at this often (the loop's tick while it lasts)
 LAUNCH_TIMEOUT_S = 300.0  # a launched generation whose leader never gets healthy is declared failed
 PROMOTION_TIMEOUT_S = 60.0  # lock taken -> active, registered and serving through the frontend (after waking)
 REVOKE_DEFER_MAX_S = 10.0  # longest the serving cohort's registration is kept while its successor wakes
 REVOKE_RETRY_S = 1.0  # a revocation etcd refused or did not answer is tried again this often (while it answers)
 SERVING_PROBE_S = 0.5  # while a node's agent is lost: how often the driver sends a completion through the frontend
 SERVING_SILENT_EXTRA_S = 2.0  # the probe's request timeout, on top of health_timeout_s
-
-
-@dataclass(frozen=True)
-class PromotionSeen:
-    """What the driver saw of the promoted cohort this tick (only what it still had to find out)."""
-    state: str | None = None  # the leader's failover state metric
-    state_at: float = 0.0  # unix time
-    leases: tuple[int, ...] = ()  # its registration in discovery
-    leases_at: float = 0.0  # unix time
 
 
 def rounded(value: float | None, digits: int = 4) -> float | None:
@@ -160,6 +149,16 @@ def verify_promotion(view: DeploymentView, driver: DriverMemory, node: NodeMemor
                     Record("promotion-unverified", p.cohort, p.generation,
                            {"missing": missing, "waited_s": round(now.wall - p.lock_at, 3)})]
     return actions
+
+
+def promotion_look_due(driver: DriverMemory, now: Now) -> list[Action]:
+    """A look at the promoted cohort (its failover state, then its registration: an HTTP read of its leader and
+    an etcd read, in a thread) while either is still to be found, none is out and none went out in the last
+    PROMOTION_LOOK_S; its answer wakes the loop, which verifies at once."""
+    p = driver.promotion
+    if p is None or p.leases or p.looking or now.mono - p.look_sent < PROMOTION_LOOK_S:
+        return []
+    return [LookAtPromotion()]
 
 
 def promoted(p: Promotion, active_at: float | None, node: NodeMemory) -> list[Action]:
@@ -312,9 +311,9 @@ def fences_reported(view: DeploymentView, driver: DriverMemory) -> list[Action]:
     return actions + [NoteFences(frozenset(view.fenced))]
 
 
-def running_due(slot: Slot, revision: int, driver: DriverMemory, node: NodeMemory, health: HealthAnswer | None,
-                now: Now) -> list[Action]:
-    """A launching generation whose leader answers /health (parked, or serving): running. Never healthy within
+def running_due(slot: Slot, revision: int, driver: DriverMemory, node: NodeMemory, now: Now) -> list[Action]:
+    """A launching generation whose leader answered /health with a 200 (parked, or serving) since this node tracks
+    it (the node's own leader probes, in threads: node_duties.judge_rank): running. Never healthy within
     LAUNCH_TIMEOUT_S: failed."""
     actions: list[Action] = []
     launched = driver.launched_at.get((slot.cohort, slot.generation))
@@ -324,7 +323,7 @@ def running_due(slot: Slot, revision: int, driver: DriverMemory, node: NodeMemor
     rank = node.ranks.get(slot.cohort)
     if rank is None or rank.generation != slot.generation:
         return actions
-    if health is not None and health.ok:
+    if rank.healthy_at is not None:
         running = Slot(cohort=slot.cohort, generation=slot.generation, state=RUNNING, reason="parked",
                        attempts=slot.attempts, since=now.wall, not_before=slot.not_before)
         detected = node.detected_at.get((slot.cohort, slot.generation - 1))
@@ -495,15 +494,14 @@ def republish_weights(view: DeploymentView, driver: DriverMemory) -> list[Action
 
 # --- the duties, in the order a tick needs them -------------------------------------------------------------------
 class DriverDuties:
-    def __init__(self, plan: Plan, host: str, node: NodeMemory, memory: DriverMemory, etcd_registrations:
-                 Callable[[int, set[int] | None], list[int]], execute: Callable[[list[Action]], None]) -> None:
+    def __init__(self, plan: Plan, host: str, node: NodeMemory, memory: DriverMemory,
+                 execute: Callable[[list[Action]], None]) -> None:
         self.plan = plan
         self.host = host
         self.node = node
         self.memory = memory
         self.policy = RelaunchPolicy.of(plan.failover)
         self.hang = HangPolicy.of(plan.failover)
-        self.registrations = etcd_registrations
         self.execute = execute
 
     def holder(self) -> str | None:
@@ -526,7 +524,10 @@ class DriverDuties:
         engines = {c: cgroup_pids(r.cgroup) for c, r in self.node.ranks.items() if r.cgroup}
         self.execute(lock_identity(lock_seen(self.plan.lock_path, engines), view, self.memory,
                                    {c: self.plan.cohort(c).engine_id for c in self.plan.cohort_ids}, now))
-        self.execute(verify_promotion(view, self.memory, self.node, self.promotion_seen(), now))
+        promotion = self.memory.promotion
+        seen = promotion.seen if promotion is not None and promotion.seen is not None else PromotionSeen()
+        self.execute(verify_promotion(view, self.memory, self.node, seen, now))
+        self.execute(promotion_look_due(self.memory, now))
         self.execute(watch_agents(view, self.host, self.memory, self.plan.failover, now))
         self.execute(watch_idle_serving(view, self.memory, self.node, self.hang, self.plan.failover, now))
         self.execute(fences_reported(view, self.memory))
@@ -537,30 +538,8 @@ class DriverDuties:
                 self.execute(relaunch_due(slot, revision, view, self.plan.hosts, self.memory, self.node,
                                           self.policy, now))
             elif slot.state == LAUNCHING and now.wall >= slot.not_before:
-                rank = self.node.ranks.get(slot.cohort)
-                health = observe.leader_health(self.plan, slot.cohort, 0.5) \
-                    if rank is not None and rank.generation == slot.generation else None
-                self.execute(running_due(slot, revision, self.memory, self.node, health, Now.read()))
+                self.execute(running_due(slot, revision, self.memory, self.node, now))
             elif slot.state == RUNNING:
                 self.execute(stable_due(slot, revision, self.plan.failover, now))
             elif slot.state == DEAD:
                 self.execute(unfenced_due(slot, revision, view, now))
-
-    def promotion_seen(self) -> PromotionSeen:
-        """Of the promotion being verified, what is still to be found out: its state, then its registration."""
-        p = self.memory.promotion
-        if p is None or p.leases:
-            return PromotionSeen()
-        state, state_at = None, 0.0
-        if p.active_at is None:
-            view = leader_view(self.plan, p.cohort, 0.5)
-            state, state_at = (view.state if view is not None else None), time.time()
-            if state != "active":
-                return PromotionSeen(state=state, state_at=state_at)
-        rank = self.node.ranks.get(p.cohort)
-        ports = listening_ports(cgroup_pids(rank.cgroup)) if rank and rank.cgroup else set()
-        try:
-            leases = tuple(self.registrations(p.cohort, ports))
-        except EtcdError:
-            leases = ()
-        return PromotionSeen(state=state, state_at=state_at, leases=leases, leases_at=time.time())

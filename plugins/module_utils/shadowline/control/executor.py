@@ -39,6 +39,7 @@ from .actions import (
     Launch,
     Launched,
     LaunchFailed,
+    LookAtPromotion,
     MarkHealthy,
     NoteDetected,
     NoteFences,
@@ -74,7 +75,7 @@ from .discovery import registrations, revoke_leases, worker_registrations
 from .etcd_client import Etcd, EtcdError
 from .events import EventLog
 from .lock import try_acquire
-from .memory import Canary, DriverMemory, LocalRank, NodeMemory, Start, Teardown
+from .memory import Canary, DriverMemory, LocalRank, NodeMemory, PromotionSeen, Start, Teardown
 from .observe import LeaderProbe, StartCheck, rank_alive
 from .proc import alive, kill_cgroup, systemctl
 from .view import DeploymentView, Now
@@ -127,6 +128,7 @@ class Executor:
         self.probes: queue.Queue[ProbeResult] = queue.Queue()
         self.leader_probes: queue.Queue[LeaderProbe] = queue.Queue()
         self.start_checks: queue.Queue[StartCheck] = queue.Queue()
+        self.promotion_looks: queue.Queue[tuple[int, int, PromotionSeen]] = queue.Queue()
         self.confirms: list[Confirm] = []  # written to etcd after the tick's kills and declarations
         self.settles: list[str] = []  # units whose processes are gone, stopped in systemd after the confirmations
         self.view: DeploymentView | None = None  # the agent's latest view: a declaration's compare-and-swap starts there
@@ -434,6 +436,8 @@ class Executor:
             if p is not None:
                 p.probing = True
                 self.probe("promotion", p.cohort, p.generation)
+        elif isinstance(action, LookAtPromotion):
+            self.look_at_promotion(driver)
         elif isinstance(action, EndPromotion):
             if action.promoted and driver.promotion is not None:
                 driver.serving = driver.promotion.cohort
@@ -539,6 +543,24 @@ class Executor:
         return [r.lease for r in worker_registrations(self.etcd, c.leader.address, c.ports.system, ports or (),
                                                       self.plan.model_id)]
 
+    def look_at_promotion(self, driver: DriverMemory) -> None:
+        """The promoted cohort looked at in a thread of its own (an HTTP read of its leader's metrics, then an etcd
+        read of discovery, every 50 ms while it is verified: in the loop they held up the driver node's own
+        teardown of the failed cohort); the answer wakes the loop."""
+        p = driver.promotion
+        if p is None:
+            return
+        p.looking, p.look_sent = True, time.monotonic()
+        rank = self.node.ranks.get(p.cohort)
+        cohort, generation, want_state = p.cohort, p.generation, p.active_at is None
+        cgroup = rank.cgroup if rank is not None else None
+
+        def look() -> None:
+            seen = observe.look_at_promotion(self.plan, cohort, want_state, cgroup, self.registrations)
+            self.promotion_looks.put((cohort, generation, seen))
+            os.write(self.wake_fd, b"v")
+        threading.Thread(target=look, name=f"promotion-look-{cohort}", daemon=True).start()
+
     # --- probes: threads that only send, their answers come back through the queue ------------------------------
     def probe(self, kind: str, cohort: int | None = None, generation: int | None = None,
               timeout: float = 2.0) -> None:
@@ -583,8 +605,13 @@ class Executor:
         return drain(self.leader_probes)
 
     def take_probe_results(self) -> bool:
-        """Hand the probes' answers to the driver's memory; True when a promotion probe answered."""
+        """Hand the probes' and looks' answers to the driver's memory; True when one about the promotion came."""
         answered = False
+        for cohort, generation, seen in drain(self.promotion_looks):
+            p = self.driver.promotion if self.driver is not None else None
+            if p is not None and (p.cohort, p.generation) == (cohort, generation):
+                p.seen, p.looking = seen, False
+                answered = True
         while not self.probes.empty():
             result = self.probes.get_nowait()
             driver = self.driver

@@ -73,6 +73,16 @@ class NodeMemory:
     checking: dict[int, int] = field(default_factory=dict)  # cohort -> generation whose start check is out
 
 
+@dataclass(frozen=True)
+class PromotionSeen:
+    """What a look at the promoted cohort found (only what was still to be found out): its leader's failover state,
+    then its registration in discovery."""
+    state: str | None = None  # the leader's failover state metric
+    state_at: float = 0.0  # unix time
+    leases: tuple[int, ...] = ()  # its registration in discovery
+    leases_at: float = 0.0  # unix time
+
+
 @dataclass
 class Promotion:
     """A cohort that took the failover lock, until the driver has verified that it serves."""
@@ -87,6 +97,9 @@ class Promotion:
     registered_at: float | None = None
     completion: Request | None = None  # the last verification request through the frontend
     probing: bool = False
+    seen: PromotionSeen | None = None  # the latest look at it (LookAtPromotion), None before the first answer
+    looking: bool = False  # a look is out
+    look_sent: float = float("-inf")  # monotonic: when the last look went out
 
 
 @dataclass

@@ -401,11 +401,13 @@ class NodeDuties:
         now = Now.read()
         self.execute(leader_probes_due(self.memory, self.hang, now))
 
-    def judge_probes(self, probes: list[observe.LeaderProbe]) -> None:
+    def judge_probes(self, probes: list[observe.LeaderProbe]) -> bool:
         """Judge the leaders whose probes answered, on what they read, at the time they are judged; an answer
         about a generation that is gone (torn down meanwhile) is dropped. A probe that failed is raised after the
-        others are judged (the loop reports it as a tick error)."""
+        others are judged (the loop reports it as a tick error). True when a leader answered its first 200 (a
+        launch the driver marks running: driver_duties.running_due)."""
         errors = []
+        first_health = False
         for probe in probes:
             if self.memory.probing.get(probe.cohort) == probe.generation:
                 del self.memory.probing[probe.cohort]
@@ -418,9 +420,12 @@ class NodeDuties:
             now = Now.read()
             if probe.progress_read and probe.sample is False:
                 self.execute([NoteProgress(rank.cohort, rank.progress, now.mono)])  # asked, no answer: next period
+            unhealthy = rank.healthy_at is None
             self.execute(judge_rank(rank, probe.sample, probe.health, now, self.hang, self.memory.etcd_lost_since))
+            first_health = first_health or (unhealthy and rank.healthy_at is not None)
         if errors:
             raise RuntimeError("; ".join(errors))
+        return first_health
 
     def on_gpu_faults(self, faults: list[GpuFault], view: DeploymentView | None, now: Now) -> None:
         active = view.active if view is not None else None

@@ -5,12 +5,15 @@ it takes: a tracked rank's exit wakes the loop)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..deployment.plan import Plan
+from .cohort_state import leader_view
+from .etcd_client import EtcdError
 from .http import http_get
-from .memory import LocalRank
-from .proc import alive, argv_process, cgroup_pids, monotonic_to_unix, pidfd_open, unit_properties
+from .memory import LocalRank, PromotionSeen
+from .proc import alive, argv_process, cgroup_pids, listening_ports, monotonic_to_unix, pidfd_open, unit_properties
 from .progress import ProgressSample, parse_sample
 
 
@@ -74,6 +77,25 @@ def check_start(plan: Plan, host: str, cohort: int, generation: int) -> StartChe
     except Exception as err:  # noqa: BLE001 (a look that died unheard would leave the start unjudged for good)
         return StartCheck(cohort, generation, None, None, f"{type(err).__name__}: {err}")
     return StartCheck(cohort, generation, tracked, unit)
+
+
+def look_at_promotion(plan: Plan, cohort: int, want_state: bool, cgroup: str | None,
+                      registrations: Callable[[int, set[int]], list[int]]) -> PromotionSeen:
+    """What is still to be found of a promoted cohort: its leader's failover state (``want_state``), then, once it
+    is active, its registration in discovery (the leases of the worker whose ports the rank's cgroup listens on).
+    Never raises: what could not be read is not seen (the next look reads it again)."""
+    state, state_at = None, 0.0
+    try:
+        if want_state:
+            view = leader_view(plan, cohort, 0.5)
+            state, state_at = (view.state if view is not None else None), time.time()
+            if state != "active":
+                return PromotionSeen(state=state, state_at=state_at)
+        ports = listening_ports(cgroup_pids(cgroup)) if cgroup else set()
+        leases = tuple(registrations(cohort, ports))
+    except (EtcdError, OSError, ValueError):
+        return PromotionSeen(state=state, state_at=state_at)
+    return PromotionSeen(state=state, state_at=state_at, leases=leases, leases_at=time.time())
 
 
 @dataclass(frozen=True)
