@@ -209,6 +209,8 @@ class Agent:
             rank = observe.track(self.plan, self.host, cohort, 0)
             if rank is not None:
                 self.memory.ranks[cohort] = rank
+                if rank.cgroup:
+                    self.memory.unit_cgroups[cohort] = rank.cgroup
 
 
 def single_instance(path: str) -> int:

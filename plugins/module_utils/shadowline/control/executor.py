@@ -367,6 +367,8 @@ class Executor:
     def launched(self, rank: LocalRank) -> None:
         self.node.starting.pop(rank.cohort, None)
         self.node.ranks[rank.cohort] = rank
+        if rank.cgroup:
+            self.node.unit_cgroups[rank.cohort] = rank.cgroup
         self.metrics.count("relaunches_total")
         detected = self.node.detected_at.get((rank.cohort, rank.generation - 1))
         if detected:

@@ -71,6 +71,9 @@ class NodeMemory:
     fence_written: bool = False  # etcd has it: its absence from a later view is an operator's unfence
     probing: dict[int, int] = field(default_factory=dict)  # cohort -> generation whose leader probe is out
     checking: dict[int, int] = field(default_factory=dict)  # cohort -> generation whose start check is out
+    # cohort -> its engine unit's cgroup, as systemd named it for a rank this agent tracked (a unit's cgroup path
+    # does not change): whether anything runs there is a read of cgroup.procs, not a systemctl call
+    unit_cgroups: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
