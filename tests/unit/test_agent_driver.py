@@ -49,7 +49,6 @@ from shadowline.control.driver_duties import (
 from shadowline.control.frontend import Request
 from shadowline.control.lock_identity import FileId, LockSeen
 from shadowline.control.memory import Canary, DriverMemory, NodeMemory, Promotion
-from shadowline.control.observe import HealthAnswer
 from shadowline.control.policy import HangPolicy, RelaunchPolicy
 from shadowline.control.progress import Observation
 from shadowline.control.view import Active, DeploymentView, Invalid, SlotEntry
