@@ -20,6 +20,7 @@ from shadowline.control.events import EventLog
 from shadowline.control.executor import Executor, Schedule
 from shadowline.control.memory import DriverMemory, NodeMemory, Promotion, PromotionSeen
 from shadowline.control.observe import StartCheck, UnitState
+from shadowline.deployment.plan import Plan
 
 from .test_executor_order import node_executor, two_nodes
 
@@ -33,24 +34,30 @@ with open({log!r}, "a") as out:
 '''
 
 
-def slow_systemctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The slow systemctl first on PATH; the log of its calls."""
+def fake_systemctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str = SLOW_SYSTEMCTL) -> Path:
+    """``script`` (formatted with ``python`` and ``log``) as systemctl, first on PATH; the log of its calls."""
     calls = tmp_path / "systemctl.log"
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "systemctl").write_text(SLOW_SYSTEMCTL.format(python=sys.executable, log=str(calls)))
+    (bindir / "systemctl").write_text(script.format(python=sys.executable, log=str(calls)))
     (bindir / "systemctl").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     return calls
 
 
-def test_a_launch_returns_at_once_and_its_start_is_tracked_once_asked(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch):
+def slow_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Plan, Path, NodeMemory, Executor]:
+    """A node agent's executor (no driver) on the first of two hosts, the slow systemctl first on PATH."""
     plan, hosts = two_nodes(tmp_path)
-    calls = slow_systemctl(tmp_path, monkeypatch)
+    calls = fake_systemctl(tmp_path, monkeypatch)
     node = NodeMemory()
     executor = node_executor(plan, hosts[0], None, EventLog(str(tmp_path / "events.jsonl"), hosts[0], journal=None),
                              node, 1)
+    return plan, calls, node, executor
+
+
+def test_a_launch_returns_at_once_and_its_start_is_tracked_once_asked(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    plan, calls, node, executor = slow_node(tmp_path, monkeypatch)
     unit = plan.unit_name("engine", 1)
 
     began = time.monotonic()
@@ -75,11 +82,7 @@ def test_a_launch_returns_at_once_and_its_start_is_tracked_once_asked(tmp_path: 
 
 def test_a_look_at_a_start_returns_at_once_and_its_answer_comes_back(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch):
-    plan, hosts = two_nodes(tmp_path)
-    calls = slow_systemctl(tmp_path, monkeypatch)
-    node = NodeMemory()
-    executor = node_executor(plan, hosts[0], None, EventLog(str(tmp_path / "events.jsonl"), hosts[0], journal=None),
-                             node, 1)
+    _plan, calls, node, executor = slow_node(tmp_path, monkeypatch)
     began = time.monotonic()
     executor([CheckStart(1, 4)])
     assert time.monotonic() - began < 0.1, "the loop waited for systemctl show"

@@ -5,8 +5,6 @@ script first on PATH that logs its calls."""
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from shadowline.control.memory import NodeMemory
 from shadowline.control.node_duties import NodeDuties
 
+from .test_executor_launch import fake_systemctl
 from .test_executor_order import two_nodes
 
 LOGGING_SYSTEMCTL = '''#!{python}
@@ -32,12 +31,7 @@ def own_cgroup() -> str:
 
 def test_a_known_empty_unit_cgroup_is_read_not_asked_of_systemd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     plan, hosts = two_nodes(tmp_path)
-    calls = tmp_path / "systemctl.log"
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "systemctl").write_text(LOGGING_SYSTEMCTL.format(python=sys.executable, log=str(calls)))
-    (bindir / "systemctl").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    calls = fake_systemctl(tmp_path, monkeypatch, LOGGING_SYSTEMCTL)
     memory = NodeMemory()
     duties = NodeDuties(plan, hosts[0], memory, lambda actions: None)
 
