@@ -16,10 +16,11 @@ import pytest
 
 from shadowline.control.actions import AbandonStart, CheckStart, Launch, LookAtPromotion
 from shadowline.control.agent_metrics import AgentMetrics
+from shadowline.control.etcd_client import EtcdError
 from shadowline.control.events import EventLog
 from shadowline.control.executor import Executor, Schedule
 from shadowline.control.memory import DriverMemory, NodeMemory, Promotion, PromotionSeen
-from shadowline.control.observe import StartCheck, UnitState
+from shadowline.control.observe import StartCheck, UnitState, look_at_promotion
 from shadowline.deployment.plan import Plan
 
 from .test_executor_order import node_executor, two_nodes
@@ -125,3 +126,18 @@ def test_a_look_at_a_promotion_returns_at_once_and_its_answer_is_handed_to_the_p
     while executor.promotion_looks.empty() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert executor.take_probe_results() is False
+
+
+def test_a_look_at_a_promotion_always_answers(tmp_path: Path):
+    """A look whose read raised something unexpected still answers (else the promotion would stay ``looking``
+    and never be looked at again), with the error said; a registration etcd could not give is only not seen."""
+    plan, _hosts = two_nodes(tmp_path)
+
+    def broken(_cohort: int, _ports: set[int]) -> list[int]:
+        raise KeyError("kvs")
+
+    def away(_cohort: int, _ports: set[int]) -> list[int]:
+        raise EtcdError("no etcd endpoint answered")
+
+    assert look_at_promotion(plan, 1, False, None, broken) == PromotionSeen(error="KeyError: 'kvs'")
+    assert look_at_promotion(plan, 1, False, None, away) == PromotionSeen()

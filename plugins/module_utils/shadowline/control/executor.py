@@ -10,6 +10,7 @@ import signal
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -354,11 +355,8 @@ class Executor:
         """A start's unit looked at in a thread of its own (observe.check_start: one or two ``systemctl show``,
         9-55 ms each on a loaded testbed host, every tick of a start); the answer wakes the loop."""
         self.node.checking[action.cohort] = action.generation  # one out per start: judge_starts clears it
-
-        def look() -> None:
-            self.start_checks.put(observe.check_start(self.plan, self.host, action.cohort, action.generation))
-            os.write(self.wake_fd, b"s")
-        threading.Thread(target=look, name=f"start-check-{action.cohort}", daemon=True).start()
+        self.answer_in_thread(f"start-check-{action.cohort}", self.start_checks, lambda: observe.check_start(
+            self.plan, self.host, action.cohort, action.generation), b"s")
 
     def take_start_checks(self) -> list[StartCheck]:
         """The looks at starts answered since the last tick."""
@@ -556,25 +554,30 @@ class Executor:
         rank = self.node.ranks.get(p.cohort)
         cohort, generation, want_state = p.cohort, p.generation, p.active_at is None
         cgroup = rank.cgroup if rank is not None else None
-
-        def look() -> None:
-            seen = observe.look_at_promotion(self.plan, cohort, want_state, cgroup, self.registrations)
-            self.promotion_looks.put((cohort, generation, seen))
-            os.write(self.wake_fd, b"v")
-        threading.Thread(target=look, name=f"promotion-look-{cohort}", daemon=True).start()
+        self.answer_in_thread(f"promotion-look-{cohort}", self.promotion_looks, lambda: (
+            cohort, generation, observe.look_at_promotion(self.plan, cohort, want_state, cgroup, self.registrations)),
+            b"v")
 
     # --- probes: threads that only send, their answers come back through the queue ------------------------------
+    def answer_in_thread(self, name: str, answers: queue.Queue[T], read: Callable[[], T], wake: bytes) -> None:
+        """``read()`` in a thread of its own, its answer put in ``answers`` and the loop woken: the loop never
+        waits on systemd, an engine, etcd or the frontend. ``read`` must always answer (an answer that never comes
+        leaves its start, rank or promotion unjudged for good)."""
+        def run() -> None:
+            answers.put(read())
+            os.write(self.wake_fd, wake)
+        threading.Thread(target=run, name=name, daemon=True).start()
+
     def probe(self, kind: str, cohort: int | None = None, generation: int | None = None,
               timeout: float = 2.0) -> None:
-        def send() -> None:
+        def send() -> ProbeResult:
             try:
                 request = self.probe_answer(kind, timeout)
             except Exception as err:  # noqa: BLE001 (a probe that died unheard would read as silence: a hang)
                 now = time.time()
                 request = frontend.Request(0, now, now, 0, False, f"the probe failed: {type(err).__name__}: {err}")
-            self.probes.put(ProbeResult(kind, request, cohort, generation))
-            os.write(self.wake_fd, b"p")
-        threading.Thread(target=send, name=f"{kind}-probe", daemon=True).start()
+            return ProbeResult(kind, request, cohort, generation)
+        self.answer_in_thread(f"{kind}-probe", self.probes, send, b"p")
 
     def probe_answer(self, kind: str, timeout: float) -> frontend.Request:
         """One probe's completion through the frontend (in a probe thread)."""
@@ -595,12 +598,8 @@ class Executor:
         """A leader's /health (and progress metrics) read in a thread of its own: the loop never waits on an
         engine, so a slow or hung leader delays no teardown, declaration or promotion; the answer wakes it."""
         self.node.probing[action.cohort] = action.generation  # one out per rank: judge_probes clears it
-
-        def read() -> None:
-            self.leader_probes.put(observe.probe_leader(self.plan, action.cohort, action.generation, action.timeout,
-                                                        action.progress_timeout))
-            os.write(self.wake_fd, b"h")
-        threading.Thread(target=read, name=f"leader-probe-{action.cohort}", daemon=True).start()
+        self.answer_in_thread(f"leader-probe-{action.cohort}", self.leader_probes, lambda: observe.probe_leader(
+            self.plan, action.cohort, action.generation, action.timeout, action.progress_timeout), b"h")
 
     def take_leader_probes(self) -> list[LeaderProbe]:
         """The leader probes answered since the last tick."""
@@ -610,12 +609,13 @@ class Executor:
         """Hand the probes' and looks' answers to the driver's memory; True when one about the promotion came."""
         answered = False
         for cohort, generation, seen in drain(self.promotion_looks):
+            if seen.error:
+                self.events.write("promotion-look-error", cohort, generation, error=seen.error)
             p = self.driver.promotion if self.driver is not None else None
             if p is not None and (p.cohort, p.generation) == (cohort, generation):
                 p.seen, p.looking = seen, False
                 answered = True
-        while not self.probes.empty():
-            result = self.probes.get_nowait()
+        for result in drain(self.probes):
             driver = self.driver
             if driver is None:
                 continue

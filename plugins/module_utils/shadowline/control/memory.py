@@ -84,6 +84,7 @@ class PromotionSeen:
     state_at: float = 0.0  # unix time
     leases: tuple[int, ...] = ()  # its registration in discovery
     leases_at: float = 0.0  # unix time
+    error: str = ""  # the look itself failed (not a read that got no answer: that is only not seen)
 
 
 @dataclass

@@ -83,7 +83,8 @@ def look_at_promotion(plan: Plan, cohort: int, want_state: bool, cgroup: str | N
                       registrations: Callable[[int, set[int]], list[int]]) -> PromotionSeen:
     """What is still to be found of a promoted cohort: its leader's failover state (``want_state``), then, once it
     is active, its registration in discovery (the leases of the worker whose ports the rank's cgroup listens on).
-    Never raises: what could not be read is not seen (the next look reads it again)."""
+    Never raises: what could not be read is not seen (the next look reads it again); anything else that went
+    wrong is said in ``error`` (the executor records it)."""
     state, state_at = None, 0.0
     try:
         if want_state:
@@ -95,6 +96,8 @@ def look_at_promotion(plan: Plan, cohort: int, want_state: bool, cgroup: str | N
         leases = tuple(registrations(cohort, ports))
     except (EtcdError, OSError, ValueError):
         return PromotionSeen(state=state, state_at=state_at)
+    except Exception as err:  # noqa: BLE001 (a look that died unheard would leave the promotion unlooked at for good)
+        return PromotionSeen(state=state, state_at=state_at, error=f"{type(err).__name__}: {err}")
     return PromotionSeen(state=state, state_at=state_at, leases=leases, leases_at=time.time())
 
 
