@@ -20,9 +20,11 @@ from shadowline.control.etcd_client import EtcdError
 from shadowline.control.events import EventLog
 from shadowline.control.executor import Executor, Schedule
 from shadowline.control.memory import DriverMemory, NodeMemory, Promotion, PromotionSeen
-from shadowline.control.observe import StartCheck, UnitState, look_at_promotion
+from shadowline.control.node_duties import NodeDuties
+from shadowline.control.observe import HealthAnswer, LeaderProbe, StartCheck, UnitState, look_at_promotion
 from shadowline.deployment.plan import Plan
 
+from .test_agent_node import memory, rank
 from .test_executor_order import node_executor, two_nodes
 
 SLOW_SYSTEMCTL = '''#!{python}
@@ -141,3 +143,19 @@ def test_a_look_at_a_promotion_always_answers(tmp_path: Path):
 
     assert look_at_promotion(plan, 1, False, None, broken) == PromotionSeen(error="KeyError: 'kvs'")
     assert look_at_promotion(plan, 1, False, None, away) == PromotionSeen()
+
+
+def test_a_leaders_first_200_is_reported_once_so_the_driver_acts_at_once(tmp_path: Path):
+    """judge_probes says when a leader answered its first 200 since it is tracked (the driver then marks a launch
+    running without waiting for its next check period); a later 200, or a failed answer, says nothing."""
+    plan, hosts = two_nodes(tmp_path)
+    node = memory(rank(1, 4))
+    executor = node_executor(plan, hosts[0], None, EventLog(str(tmp_path / "events.jsonl"), hosts[0], journal=None),
+                             node, 1)
+    duties = NodeDuties(plan, hosts[0], node, executor)
+    answered = [LeaderProbe(1, 4, HealthAnswer(ok=False, at=time.monotonic()), False, False)]
+    assert duties.judge_probes(answered) is False and node.ranks[1].healthy_at is None
+    answered = [LeaderProbe(1, 4, HealthAnswer(ok=True, at=time.monotonic()), False, False)]
+    assert duties.judge_probes(answered) is True and node.ranks[1].healthy_at is not None
+    answered = [LeaderProbe(1, 4, HealthAnswer(ok=True, at=time.monotonic()), False, False)]
+    assert duties.judge_probes(answered) is False
