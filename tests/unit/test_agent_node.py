@@ -341,7 +341,7 @@ def test_a_leader_that_never_answers_costs_a_probe_thread_not_the_loop():
         started = time.monotonic()
         thread = threading.Thread(target=lambda: answers.append(probe_leader(plan, 0, 7, 0.3, 0.5)), daemon=True)
         thread.start()
-        assert time.monotonic() - started < 0.1  # the caller goes on at once
+        assert not answers  # the caller goes on before the probe answers (after its 0.3 s timeout at the least)
         thread.join(5)
         (answer,) = answers
         assert answer.cohort == 0 and answer.generation == 7 and not answer.error
