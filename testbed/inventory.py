@@ -1,4 +1,4 @@
-"""The files up() writes for users and tests: the Ansible inventory and .testbed/state.json."""
+"""The files up() writes for users and tests: the Ansible inventory, known_hosts and .testbed/state.json."""
 
 from __future__ import annotations
 
@@ -8,7 +8,18 @@ from typing import Any
 import yaml
 
 from .journal import State, write_json_atomic
-from .names import BRIDGE_ADDRESS, GROUP_VARS, INSTANCE, INVENTORY, KEY_FILE, REPO_ROOT, STATE_JSON, TESTBED_DIR
+from .names import (
+    BRIDGE_ADDRESS,
+    GROUP_VARS,
+    INSTANCE,
+    INVENTORY,
+    KEY_FILE,
+    KNOWN_HOSTS,
+    REPO_ROOT,
+    STATE_JSON,
+    TESTBED_DIR,
+)
+from .ssh import write_known_hosts
 
 
 def inventory_text(state: State) -> str:
@@ -18,8 +29,8 @@ def inventory_text(state: State) -> str:
         "  vars:",
         "    ansible_user: root",
         f"    ansible_ssh_private_key_file: {KEY_FILE}",
-        "    ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
-        "    ansible_host_key_checking: false  # throwaway hosts; ansible.cfg checks host keys everywhere else",
+        # the hosts' own keys, checked (each host makes its own on `up`: testbed/ssh.py)
+        f"    ansible_ssh_common_args: -o StrictHostKeyChecking=yes -o UserKnownHostsFile={KNOWN_HOSTS}",
         "    ansible_python_interpreter: /usr/bin/python3",
         f"    testbed_repo_root: {REPO_ROOT}",
         f"    gms_secrets_dir: {TESTBED_DIR}/secrets  # the instance's own CA and passwords (docs/security.md)",
@@ -45,6 +56,7 @@ def failover_of_testbed(**overrides: Any) -> dict[str, Any]:
 
 def write_outputs(state: State) -> None:
     INVENTORY.parent.mkdir(parents=True, exist_ok=True)
+    write_known_hosts(state)
     INVENTORY.write_text(inventory_text(state))
     link = INVENTORY.parent / "group_vars"
     if INSTANCE and not link.is_symlink():
@@ -58,7 +70,7 @@ def write_outputs(state: State) -> None:
 
 
 def remove_outputs() -> None:
-    for path in (INVENTORY, STATE_JSON) + ((INVENTORY.parent / "group_vars",) if INSTANCE else ()):
+    for path in (INVENTORY, STATE_JSON, KNOWN_HOSTS) + ((INVENTORY.parent / "group_vars",) if INSTANCE else ()):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
     with contextlib.suppress(OSError):

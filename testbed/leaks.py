@@ -9,7 +9,7 @@ from pathlib import Path
 from .cgroups import cgroup_pids, testbed_cgroup_dirs
 from .helpers import comm
 from .mounts import testbed_mounts
-from .names import INVENTORY, PREFIX, STATE_JSON, STATE_ROOT
+from .names import INVENTORY, KNOWN_HOSTS, PREFIX, STATE_JSON, STATE_ROOT
 from .network import netns_pids, testbed_links, testbed_netns
 
 
@@ -25,7 +25,7 @@ def leaks() -> list[str]:
     found += [f"cgroup {d}" for d in testbed_cgroup_dirs()]
     if STATE_ROOT.exists():
         found.append(f"state directory {STATE_ROOT}")
-    found += [f"generated file {p}" for p in (INVENTORY, STATE_JSON) if p.exists()]
+    found += [f"generated file {p}" for p in (INVENTORY, STATE_JSON, KNOWN_HOSTS) if p.exists()]
     return found
 
 

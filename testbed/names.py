@@ -18,6 +18,8 @@ SUFFIX = f"-{INSTANCE}" if INSTANCE else ""
 
 TESTBED_DIR = REPO_ROOT / f".testbed{SUFFIX}"
 KEY_FILE = TESTBED_DIR / "id_ed25519"
+# the hosts' own ssh host keys (each host makes its own on `up`), the only keys ssh and Ansible accept for them
+KNOWN_HOSTS = TESTBED_DIR / "known_hosts"
 STATE_JSON = TESTBED_DIR / "state.json"
 # Instance 0 writes the inventory users run (-i inventories/testbed); others write theirs beside their state,
 # with a link to the same group_vars.

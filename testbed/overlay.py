@@ -13,7 +13,7 @@ from .journal import Host, State
 from .mounts import is_mountpoint
 from .names import ALWAYS_MASKED, HOST_TMPFS_SIZE, SLURM_UNITS, SSH_UNITS
 from .slurm import seed_slurm
-from .ssh import SSHD_CONF
+from .ssh import HOST_KEY, SSHD_CONF, make_host_key
 from .upper import seed_file, seed_symlink
 
 
@@ -60,7 +60,9 @@ def seed_upper(host: Host, state: State, public_key: str) -> None:
     seed_file(upper, "etc/hosts", hosts_file(state))
     seed_file(upper, "etc/resolv.conf", RESOLV_CONF)
     seed_file(upper, "etc/machine-id", secrets.token_hex(16) + "\n", mode=0o444)
-    seed_file(upper, "etc/ssh/sshd_config.d/shadowline-testbed.conf", SSHD_CONF.format(address=host.address))
+    seed_file(upper, "etc/ssh/sshd_config.d/shadowline-testbed.conf",
+              SSHD_CONF.format(address=host.address, host_key=HOST_KEY))
+    make_host_key(host)
     seed_file(upper, "root/.ssh/authorized_keys", public_key, mode=0o600)
     os.chmod(upper / "root/.ssh", 0o700)
     seed_file(upper, "etc/systemd/journald.conf.d/shadowline-testbed.conf", JOURNALD_CONF)

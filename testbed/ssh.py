@@ -1,15 +1,21 @@
-"""ssh into the hosts: the testbed's key pair, sshd's drop-in, and the wait for sshd's banner."""
+"""ssh into the hosts: the testbed's key pair, each host's own host key and the known_hosts that lists them,
+sshd's drop-in, and the wait for sshd's banner."""
 
 from __future__ import annotations
 
 import socket
 
 from .helpers import run, wait_until
-from .journal import Host
-from .names import KEY_FILE, SSH_PORT, TESTBED_DIR
+from .journal import Host, State
+from .names import KEY_FILE, KNOWN_HOSTS, SSH_PORT, TESTBED_DIR
 
-SSHD_CONF = """# Written by testbed/testbed.py: listen on the host's own address, root by key only.
+# A host's own host key, made in its overlay's upper directory on `up` (it survives a reboot, goes with `down`):
+# the machine's keys, which the overlay would show every host, are not offered.
+HOST_KEY = "etc/ssh/shadowline-testbed_host_ed25519_key"
+
+SSHD_CONF = """# Written by testbed/testbed.py: listen on the host's own address, root by key only, the host's own key.
 ListenAddress {address}
+HostKey /{host_key}
 PermitRootLogin prohibit-password
 PasswordAuthentication no
 KbdInteractiveAuthentication no
@@ -22,6 +28,25 @@ def ensure_key() -> str:
     if not KEY_FILE.exists():
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "shadowline-testbed", "-f", str(KEY_FILE)])
     return KEY_FILE.with_suffix(".pub").read_text()
+
+
+def make_host_key(host: Host) -> None:
+    """The host's ed25519 host key in its upper directory (before it boots), a new one each time."""
+    key = host.dir / "upper" / HOST_KEY
+    for path in (key, key.with_name(key.name + ".pub")):
+        path.unlink(missing_ok=True)
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{host.name}.shadowline-testbed",
+         "-f", str(host.dir / "upper" / HOST_KEY)])
+
+
+def known_hosts_text(state: State) -> str:
+    """A known_hosts line per host (name and address) with its own public host key."""
+    return "".join(f"{host.name},{host.address} {(host.dir / 'upper' / (HOST_KEY + '.pub')).read_text()}"
+                   for host in state.hosts)
+
+
+def write_known_hosts(state: State) -> None:
+    KNOWN_HOSTS.write_text(known_hosts_text(state))
 
 
 def ssh_banner(address: str) -> bool:

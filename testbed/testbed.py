@@ -14,7 +14,7 @@ package ``testbed/``, one module per concern:
   errors     TestbedError                                            helpers    run, wait_until, pid_alive, ...
   cgroups    the hosts' cgroups                                      network    bridge, namespaces, veths
   mounts     the mount table, unmounting                             upper      writing a host's upper directory
-  overlay    a host's root, seeded before boot                       ssh        key pair, sshd drop-in, banner
+  overlay    a host's root, seeded before boot                       ssh        keys, known_hosts, sshd drop-in
   slurm      slurm.conf, cgroup.conf, idle nodes                     inventory  the inventory and state.json
   boot       launchers, systemd as PID 1, the waits                  hostexec   a command inside a host
   teardown   kill, remove everything                                 lifecycle  up(), down(), problems()
@@ -129,6 +129,7 @@ from .names import (
     JOURNAL,
     KEY_FILE,
     KILL_TIMEOUT,
+    KNOWN_HOSTS,
     LOCK_FILE,
     MAX_NODES,
     NAME_PREFIX,
@@ -179,10 +180,14 @@ from .slurm import (
     wait_slurm,
 )
 from .ssh import (
+    HOST_KEY,
     SSHD_CONF,
     ensure_key,
+    known_hosts_text,
+    make_host_key,
     ssh_banner,
     wait_sshd,
+    write_known_hosts,
 )
 from .teardown import (
     down_locked,
@@ -197,19 +202,19 @@ from .upper import (
 __all__ = [  # the package's names, re-exported: the API tests and scripts use
     "ALWAYS_MASKED", "BOOT_TIMEOUT", "BRIDGE", "BRIDGE_ADDRESS", "CGROUP_CONF", "CGROUP_MOUNT", "CGROUP_PARENT",
     "GROUP_VARS", "HOST_INIT", "HOST_TMPFS_SIZE", "Host", "INSTANCE", "INVENTORY", "JOURNAL", "JOURNALD_CONF",
-    "KEY_FILE", "KILL_TIMEOUT", "LOCK_FILE", "MAX_NODES", "NAME_PREFIX", "NETNS_DIR", "PACKAGES", "PACKAGE_LIST",
+    "HOST_KEY", "KEY_FILE", "KILL_TIMEOUT", "KNOWN_HOSTS", "LOCK_FILE", "MAX_NODES", "NAME_PREFIX", "NETNS_DIR", "PACKAGES", "PACKAGE_LIST",
     "PREFIX", "REPO_ROOT", "RESOLV_CONF", "SLURM_TIMEOUT", "SLURM_UNITS", "SSHD_CONF", "SSH_PORT", "SSH_UNITS",
     "STATE_JSON", "STATE_ROOT", "SUFFIX", "State", "TESTBED_DIR", "TestbedError", "boot", "boot_log", "cgroup_pids",
     "check_packages", "check_running", "cmd_down", "cmd_exec", "cmd_install", "cmd_leaks", "cmd_status", "cmd_up",
     "comm", "current_state", "delete_network", "down", "down_locked", "enabled_units_on_machine", "ensure_key",
     "enter_host_cgroups", "exec_in", "find_pid1", "hierarchies", "host_cgroups", "hosts_file", "in_testbed_cgroup",
-    "install_packages", "inventory_text", "is_mountpoint", "kill_everything", "launch_host", "launchers", "leaks",
-    "link_exists", "load_journal", "locked", "main", "make_bridge", "make_host_cgroups", "make_host_network",
+    "install_packages", "inventory_text", "known_hosts_text", "is_mountpoint", "kill_everything", "launch_host", "launchers", "leaks",
+    "link_exists", "load_journal", "locked", "main", "make_bridge", "make_host_cgroups", "make_host_key", "make_host_network",
     "masked_units", "memory_usage", "mib", "mirror_dirs", "missing_packages", "mountpoints", "netns_pids",
     "parse_args", "pid_alive", "plan", "prepare_host_dir", "print_table", "problems", "reboot",
     "processes_connected_to_testbed", "record_run_netns", "remove_cgroups", "remove_outputs", "require_root",
     "restore_run_netns", "run", "save_journal", "seed_file", "seed_slurm", "seed_symlink", "seed_upper",
     "slurm_conf", "slurm_node_states", "ssh_banner", "status_rows", "system_state", "testbed_cgroup_dirs",
     "testbed_links", "testbed_mounts", "testbed_netns", "testbed_socket_inodes", "unmount_all", "up", "wait_slurm",
-    "wait_sshd", "wait_systemd", "wait_until", "write_json_atomic", "write_outputs",
+    "wait_sshd", "wait_systemd", "wait_until", "write_json_atomic", "write_known_hosts", "write_outputs",
 ]

@@ -32,11 +32,12 @@ def inside(host: tb.Host, *argv: str, check: bool = True) -> subprocess.Complete
     return proc
 
 
-def ssh(host: tb.Host, command: str) -> subprocess.CompletedProcess[str]:
+def ssh(host: tb.Host, command: str, known_hosts: Path = tb.KNOWN_HOSTS) -> subprocess.CompletedProcess[str]:
+    """ssh as Ansible does with the testbed's inventory: host keys checked against the testbed's known_hosts."""
     return subprocess.run(
-        ["ssh", "-i", str(tb.KEY_FILE), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-         "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10",
-         f"root@{host.address}", command],
+        ["ssh", "-i", str(tb.KEY_FILE), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+         "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+         "-o", "ConnectTimeout=10", f"root@{host.address}", command],
         capture_output=True, text=True, timeout=30, check=False)
 
 
@@ -80,11 +81,31 @@ def test_ssh_with_the_testbed_key_runs_hostname(hosts):
         assert proc.stdout.strip() == host.name
 
 
+def test_host_keys_are_checked_and_each_host_has_its_own(hosts, tmp_path):
+    """The inventory checks host keys (ansible.cfg's default): each host offers only its own key, the one the
+    testbed's known_hosts lists for it; a host key nobody listed, or another host's, is refused."""
+    lines = tb.KNOWN_HOSTS.read_text().splitlines()
+    assert [line.split()[0] for line in lines] == [f"{h.name},{h.address}" for h in hosts]
+    assert len({line.split()[2] for line in lines}) == len(hosts), "two hosts share a host key"
+    assert f"UserKnownHostsFile={tb.KNOWN_HOSTS}" in tb.INVENTORY.read_text()
+    assert "StrictHostKeyChecking=yes" in tb.INVENTORY.read_text()
+    nobody = tmp_path / "empty_known_hosts"
+    nobody.write_text("")
+    refused = ssh(hosts[0], "true", known_hosts=nobody)
+    assert refused.returncode == 255 and "Host key verification failed" in refused.stderr, refused.stderr
+    swapped = tmp_path / "swapped_known_hosts"  # node0's address with node1's key
+    swapped.write_text(f"{hosts[0].address} {' '.join(lines[1].split()[1:])}\n")
+    refused = ssh(hosts[0], "true", known_hosts=swapped)
+    assert refused.returncode == 255, refused.stderr
+    assert "IDENTIFICATION HAS CHANGED" in refused.stderr or "Host key verification failed" in refused.stderr
+
+
 def test_paramiko_connects(hosts):
     paramiko = pytest.importorskip("paramiko")
     for host in hosts:
         client = paramiko.SSHClient()
-        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        client.load_host_keys(str(tb.KNOWN_HOSTS))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
         try:
             client.connect(host.address, username="root", key_filename=str(tb.KEY_FILE), timeout=10,
                            allow_agent=False, look_for_keys=False)
