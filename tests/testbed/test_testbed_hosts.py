@@ -100,6 +100,20 @@ def test_host_keys_are_checked_and_each_host_has_its_own(hosts, tmp_path):
     assert "IDENTIFICATION HAS CHANGED" in refused.stderr or "Host key verification failed" in refused.stderr
 
 
+def test_root_starts_its_shell_with_the_hosts_own_files_not_the_machines(hosts):
+    """Every ssh command runs root's ~/.bashrc (Debian's bash does so for sshd): the hosts have Debian's defaults,
+    not the machine's own files (a developer's pyenv hooks there cost every Ansible task 80 ms per host)."""
+    for name in (".bashrc", ".profile"):
+        want = Path("/etc/skel", name).read_text() if Path("/etc/skel", name).is_file() else None
+        for host in hosts:
+            seen = ssh(host, f"cat /root/{name}")
+            assert seen.returncode == 0, seen.stderr
+            if want is not None:
+                assert seen.stdout == want, f"{host.name}: /root/{name} is not Debian's default"
+    path = ssh(hosts[0], "echo $PATH").stdout.strip()
+    assert ".pyenv" not in path and ".cargo" not in path, path
+
+
 def test_paramiko_connects(hosts):
     paramiko = pytest.importorskip("paramiko")
     for host in hosts:
