@@ -21,7 +21,6 @@ from typing import Callable, Iterator
 import pytest
 
 import testbed.testbed as tb
-from testbed.instances import load_testbed as load_testbed  # re-exported: the tests import it from here
 
 Factory = Callable[..., tb.State]
 

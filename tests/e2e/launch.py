@@ -32,7 +32,7 @@ for _path in (str(REPO), str(LIB)):
 from shadowline.control.waits import poll
 from shadowline.deployment.contract import parse_contract
 from shadowline.deployment.plan import Plan, Process, build_plan
-from testbed.pytest_fixtures import load_testbed  # launch.load_testbed: tests/e2e/test_drills.py uses it
+from testbed.instances import load_testbed  # launch.load_testbed: tests/e2e/test_drills.py uses it
 
 RUNTIME_PY = REPO / ".runtime" / "bin" / "python"
 TINY_MODEL = REPO / ".cache" / "models" / "tiny-llama"  # `make runtime`'s: 6.3 MB of weights

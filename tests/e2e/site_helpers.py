@@ -10,7 +10,7 @@ Testbed instances. Several testbeds run side by side on this machine; these test
 
 ``testbed/testbed.py`` reads ``SHADOWLINE_TESTBED`` once, when it is imported; other test directories of the same
 session import it for their own instance. So ``tb`` below is the module loaded a second time, under its own name,
-bound to instance 4 (``testbed.pytest_fixtures.load_testbed``); ``testbed.testbed`` itself is left alone.
+bound to instance 4 (``testbed.instances.load_testbed``); ``testbed.testbed`` itself is left alone.
 
 Fixtures (registered for every test by tests/conftest.py: ``pytest_plugins``):
 ``site_runtime`` (the engines' runtime and the tiny model, made when missing) and ``site_testbed`` (three hosts
@@ -36,7 +36,8 @@ from typing import Any, Iterator, Sequence
 
 import pytest
 
-from testbed.pytest_fixtures import load_testbed, skip_reason
+from testbed.instances import load_testbed
+from testbed.pytest_fixtures import skip_reason
 
 from .conftest import ensure_model
 from .launch import NATS_JOURNAL, REPO, TINY_MODEL

@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from testbed.pytest_fixtures import load_testbed, skip_reason
+from testbed.instances import load_testbed
+from testbed.pytest_fixtures import skip_reason
 
 from .site_helpers import (
     NO_PROXY,

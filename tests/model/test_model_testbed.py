@@ -41,7 +41,7 @@ from typing import Any, Iterator
 import pytest
 from modelkit import make_model
 
-from testbed.pytest_fixtures import load_testbed
+from testbed.instances import load_testbed
 
 REPO = Path(__file__).resolve().parents[2]
 INSTANCE = "2"

@@ -8,7 +8,7 @@ as a module of its own with ``SHADOWLINE_TESTBED=3`` (198.18.3.0/24, namespaces 
 
 from __future__ import annotations
 
-from testbed.pytest_fixtures import load_testbed
+from testbed.instances import load_testbed
 
 INSTANCE = "3"
 
