@@ -21,6 +21,7 @@ from shadowline.control.actions import (
     NoteProgress,
     ProbeLeader,
     Record,
+    ReportFault,
     ReportGmsLost,
     ReportInvalid,
     SetGeneration,
@@ -227,8 +228,9 @@ def test_a_look_is_judged_against_the_start_still_in_progress():
     assert judge_start(StartCheck(0, 2, tracked, None), None, NOW) == [Untrack(tracked)]
     assert judge_start(StartCheck(0, 2, tracked, None), Start(3, NOW.mono), NOW) == [Untrack(tracked)]
     assert judge_start(StartCheck(0, 2, None, failed), Start(3, NOW.mono), at(0.3)) == []
-    # a look that failed is recorded; the next one looks again
-    assert kinds(judge_start(StartCheck(0, 2, None, None, "OSError: boom"), start, NOW)) == ["Record:start-check-failed"]
+    # a look that failed is reported (at most every ERROR_REPORT_S, by the executor); the next one looks again
+    assert judge_start(StartCheck(0, 2, None, None, "OSError: boom"), start, NOW) == [
+        ReportFault("start-check-failed", 0, 2, "OSError: boom")]
 
 
 def test_launch_failed_when_the_unit_failed():

@@ -157,6 +157,28 @@ def test_a_look_at_a_promotion_always_answers(tmp_path: Path):
     assert look_at_promotion(plan, 1, False, None, away) == PromotionSeen()
 
 
+def test_a_probe_that_failed_is_reported_rate_limited_and_the_tick_goes_on(tmp_path: Path):
+    """A leader's probe that died of an unexpected error does not raise out of judge_probes (that ended the tick
+    before its teardowns, reconcile and drive, and the loop slept a tick): the other probes are judged, the error
+    is one ``leader-probe-failed`` line, the same error again within ERROR_REPORT_S is not written again, a
+    different one is, and the rank can be probed again."""
+    plan, hosts = two_nodes(tmp_path)
+    node = memory(rank(0, 3), rank(1, 4))
+    log = tmp_path / "events.jsonl"
+    executor = node_executor(plan, hosts[0], None, EventLog(str(log), hosts[0], journal=None), node, 1)
+    duties = NodeDuties(plan, hosts[0], node, executor)
+    node.probing.update({0: 3, 1: 4})
+    broken = LeaderProbe(0, 3, None, False, False, "KeyError: 'vllm:num_requests_running'")
+    healthy = LeaderProbe(1, 4, HealthAnswer(ok=True, at=time.monotonic()), False, False)
+    assert duties.judge_probes([broken, healthy]) is True  # no raise; cohort 1's first 200 judged beside it
+    assert node.ranks[1].healthy_at is not None and node.probing == {}  # both may be probed again
+    duties.judge_probes([broken])
+    duties.judge_probes([LeaderProbe(0, 3, None, False, False, "TypeError: other")])
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    failed = [(e["cohort"], e["generation"], e["detail"]["error"]) for e in lines if e["event"] == "leader-probe-failed"]
+    assert failed == [(0, 3, "KeyError: 'vllm:num_requests_running'"), (0, 3, "TypeError: other")]
+
+
 def test_a_leaders_first_200_is_reported_once_so_the_driver_acts_at_once(tmp_path: Path):
     """judge_probes says when a leader answered its first 200 since it is tracked (the driver then marks a launch
     running without waiting for its next check period); a later 200, or a failed answer, says nothing."""

@@ -23,6 +23,17 @@ class Record:
 
 
 @dataclass(frozen=True)
+class ReportFault:
+    """An unexpected error of a look done in a thread (a leader's probe, a start's look), answered to the loop:
+    one event line, the same error of the same look at most every ERROR_REPORT_S (a fault that repeats every
+    look must not flood the log); the loop goes on with its tick, and the next look is taken as usual."""
+    event: str
+    cohort: int
+    generation: int
+    error: str
+
+
+@dataclass(frozen=True)
 class WakeAt:
     """Look again at this monotonic time (a health deadline, a delayed launch), not a period later."""
     mono: float
@@ -358,7 +369,7 @@ class ClearGmsLost:
     keys: tuple[str, ...]
 
 
-Action = Union[Record, WakeAt, Declare, TearDown, FinishTeardown, KillRest, Confirm, Launch, Launched, LaunchFailed,
+Action = Union[Record, ReportFault, WakeAt, Declare, TearDown, FinishTeardown, KillRest, Confirm, Launch, Launched, LaunchFailed,
                CheckStart, Untrack, AbandonStart, NoteDetected, MarkHealthy, ProbeLeader, NoteProgress, Fence, ClearFence, SetGeneration, ReportInvalid,
                ReportGmsLost, SwapSlot, RevokeRegistration, DeferRevocation,
                ObserveTeardown, NoteLaunched, SetHolder, SetServing, CreateSlot, BeginPromotion, ExtendPromotion, TakeBridge, ReleaseBridge,

@@ -39,7 +39,7 @@ from .coordination import Coordination
 from .driver_duties import DriverDuties
 from .etcd_client import Etcd
 from .events import EventLog
-from .executor import Executor, Schedule
+from .executor import ERROR_REPORT_S, Executor, Schedule
 from .feed import EtcdFeed, FeedNews
 from .gpu_watch import GpuWatch
 from .memory import DriverMemory, NodeMemory
@@ -54,7 +54,6 @@ TEARDOWN_TICK_S = 0.005  # while a teardown waits for its cgroup to empty: "gone
 CHECK_S = 0.2  # how often it asks leaders' /health and (driver) drives
 SYNC_S = 1.0  # how often a node's feed reads the view even without a watch event (the driver's: every CHECK_S)
 STALLED_S = 5.0  # the metrics port's /health answers 503 when the loop has not ticked for this long
-ERROR_REPORT_S = 10.0  # the same tick error is written to the event log at most this often
 
 
 class Agent:

@@ -57,6 +57,7 @@ from .actions import (
     RecordActive,
     RefreshLeases,
     ReleaseBridge,
+    ReportFault,
     ReportGmsLost,
     ReportInvalid,
     RevokeRegistration,
@@ -83,6 +84,7 @@ from .view import DeploymentView, Now
 
 KILL_AGAIN_S = 0.2  # a cgroup not empty after SIGKILL: killed again this often (forks, a wait that ends)
 NOT_GONE_REPORT_S = 1.0  # a killed rank's cgroup still not empty this long after the teardown began: say so
+ERROR_REPORT_S = 10.0  # the same error (a tick's, a look's) is written to the event log at most this often
 LAUNCH_ASK_S = 10.0  # an abandoned start waits at most this long for its start job to be asked (systemctl's own timeout)
 
 
@@ -133,14 +135,24 @@ class Executor:
         self.confirms: list[Confirm] = []  # written to etcd after the tick's kills and declarations
         self.settles: list[str] = []  # units whose processes are gone, stopped in systemd after the confirmations
         self.view: DeploymentView | None = None  # the agent's latest view: a declaration's compare-and-swap starts there
+        self.faults_reported: dict[tuple[str, int, str], float] = {}  # ReportFault's last line, by look and error
 
     def __call__(self, actions: list[Action]) -> None:
         for action in actions:
             self.perform(action)
 
+    def report_fault(self, fault: ReportFault) -> None:
+        key = (fault.event, fault.cohort, fault.error)
+        now = time.monotonic()
+        if now - self.faults_reported.get(key, float("-inf")) >= ERROR_REPORT_S:
+            self.faults_reported[key] = now
+            self.events.write(fault.event, fault.cohort, fault.generation, error=fault.error)
+
     def perform(self, action: Action) -> None:  # noqa: C901, PLR0912, PLR0915 (one branch per kind of action, flat)
         if isinstance(action, Record):
             self.events.write(action.event, action.cohort, action.generation, **action.fields)
+        elif isinstance(action, ReportFault):
+            self.report_fault(action)
         elif isinstance(action, WakeAt):
             if action.full:
                 self.schedule.next_sync = min(self.schedule.next_sync, action.mono)

@@ -37,6 +37,7 @@ from .actions import (
     NoteProgress,
     ProbeLeader,
     Record,
+    ReportFault,
     ReportGmsLost,
     ReportInvalid,
     SetGeneration,
@@ -214,8 +215,8 @@ def judge_start(check: observe.StartCheck, start: Start | None, now: Now) -> lis
     a start that is gone meanwhile lets go of what it found."""
     if start is None or start.generation != check.generation:
         return [Untrack(check.tracked)] if check.tracked is not None else []
-    if check.error:  # recorded; the next tick looks again
-        return [Record("start-check-failed", check.cohort, check.generation, {"error": check.error})]
+    if check.error:  # reported (the same error at most every ERROR_REPORT_S); the next tick looks again
+        return [ReportFault("start-check-failed", check.cohort, check.generation, check.error)]
     return start_progress(check.cohort, start, check.tracked, check.unit, now)
 
 
@@ -413,10 +414,11 @@ class NodeDuties:
 
     def judge_probes(self, probes: list[observe.LeaderProbe]) -> bool:
         """Judge the leaders whose probes answered, on what they read, at the time they are judged; an answer
-        about a generation that is gone (torn down meanwhile) is dropped. A probe that failed is raised after the
-        others are judged (the loop reports it as a tick error). True when a leader answered its first 200 (a
-        launch the driver marks running: driver_duties.running_due)."""
-        errors = []
+        about a generation that is gone (torn down meanwhile) is dropped. A probe that failed unexpectedly is
+        reported (``leader-probe-failed``, the same error at most every ERROR_REPORT_S) and its rank is probed
+        again as usual: the rest of the tick goes on (an error raised here used to end the tick before its
+        teardowns, reconcile and drive, and the loop then slept a tick). True when a leader answered its first
+        200 (a launch the driver marks running: driver_duties.running_due)."""
         first_health = False
         for probe in probes:
             if self.memory.probing.get(probe.cohort) == probe.generation:
@@ -425,7 +427,7 @@ class NodeDuties:
             if rank is None or rank.generation != probe.generation:
                 continue
             if probe.error:
-                errors.append(f"probing cohort {probe.cohort}'s leader: {probe.error}")
+                self.execute([ReportFault("leader-probe-failed", probe.cohort, probe.generation, probe.error)])
                 continue
             now = Now.read()
             if probe.progress_read and probe.sample is False:
@@ -433,8 +435,6 @@ class NodeDuties:
             unhealthy = rank.healthy_at is None
             self.execute(judge_rank(rank, probe.sample, probe.health, now, self.hang, self.memory.etcd_lost_since))
             first_health = first_health or (unhealthy and rank.healthy_at is not None)
-        if errors:
-            raise RuntimeError("; ".join(errors))
         return first_health
 
     def on_gpu_faults(self, faults: list[GpuFault], view: DeploymentView | None, now: Now) -> None:
