@@ -142,6 +142,25 @@ def test_a_look_at_a_promotion_returns_at_once_and_its_answer_is_handed_to_the_p
     silent.close()
 
 
+def test_a_promotion_looks_error_is_reported_at_most_every_ten_seconds(tmp_path: Path):
+    """A look at the promotion that answered an error (every 50 ms while it lasts) writes one line per error, not
+    one per look; the promotion takes the answer and is looked at again."""
+    plan, hosts = two_nodes(tmp_path)
+    driver = DriverMemory(promotion=Promotion(0, 3, "engine-1", time.time(), time.monotonic() + 30,
+                                              time.monotonic() + 10))
+    log = tmp_path / "events.jsonl"
+    executor = Executor(plan, hosts[0], None, EventLog(str(log), hosts[0], journal=None),
+                        AgentMetrics(plan.deployment, hosts[0], [0, 1], driver=True), NodeMemory(), driver, Schedule(),
+                        os.open(os.devnull, os.O_WRONLY))
+    for _ in range(3):
+        driver.promotion.looking = True
+        executor.promotion_looks.put((0, 3, PromotionSeen(error="KeyError: 'kvs'")))
+        assert executor.take_probe_results() is True
+        assert not driver.promotion.looking
+    errors = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(e["event"], e["detail"]["error"]) for e in errors] == [("promotion-look-error", "KeyError: 'kvs'")]
+
+
 def test_a_look_at_a_promotion_always_answers(tmp_path: Path):
     """A look whose read raised something unexpected still answers (else the promotion would stay ``looking``
     and never be looked at again), with the error said; a registration etcd could not give is only not seen."""

@@ -621,8 +621,8 @@ class Executor:
         """Hand the probes' and looks' answers to the driver's memory; True when one about the promotion came."""
         answered = False
         for cohort, generation, seen in drain(self.promotion_looks):
-            if seen.error:
-                self.events.write("promotion-look-error", cohort, generation, error=seen.error)
+            if seen.error:  # reported like the other looks' errors; the promotion is looked at again
+                self.report_fault(ReportFault("promotion-look-error", cohort, generation, seen.error))
             p = self.driver.promotion if self.driver is not None else None
             if p is not None and (p.cohort, p.generation) == (cohort, generation):
                 p.seen, p.looking = seen, False
