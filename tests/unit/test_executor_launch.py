@@ -152,11 +152,11 @@ def test_a_promotion_looks_error_is_reported_at_most_every_ten_seconds(tmp_path:
     executor = Executor(plan, hosts[0], None, EventLog(str(log), hosts[0], journal=None),
                         AgentMetrics(plan.deployment, hosts[0], [0, 1], driver=True), NodeMemory(), driver, Schedule(),
                         os.open(os.devnull, os.O_WRONLY))
-    for _ in range(3):
+    for look in range(3):
         driver.promotion.looking = True
         executor.promotion_looks.put((0, 3, PromotionSeen(error="KeyError: 'kvs'")))
-        assert executor.take_probe_results() is True
-        assert not driver.promotion.looking
+        assert executor.take_probe_results() is True, f"look {look}"
+        assert not driver.promotion.looking, f"look {look}"
     errors = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(e["event"], e["detail"]["error"]) for e in errors] == [("promotion-look-error", "KeyError: 'kvs'")]
 
