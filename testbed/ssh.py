@@ -4,6 +4,7 @@ sshd's drop-in, and the wait for sshd's banner."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 from .helpers import run, wait_until
 from .journal import Host, State
@@ -30,18 +31,22 @@ def ensure_key() -> str:
     return KEY_FILE.with_suffix(".pub").read_text()
 
 
+def host_key_path(host: Host) -> Path:
+    """Where the host's private host key lies on the machine (its upper directory); the public one beside it."""
+    return host.dir / "upper" / HOST_KEY
+
+
 def make_host_key(host: Host) -> None:
     """The host's ed25519 host key in its upper directory (before it boots), a new one each time."""
-    key = host.dir / "upper" / HOST_KEY
-    for path in (key, key.with_name(key.name + ".pub")):
+    key = host_key_path(host)
+    for path in (key, key.with_suffix(".pub")):
         path.unlink(missing_ok=True)
-    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{host.name}.shadowline-testbed",
-         "-f", str(host.dir / "upper" / HOST_KEY)])
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{host.name}.shadowline-testbed", "-f", str(key)])
 
 
 def known_hosts_text(state: State) -> str:
     """A known_hosts line per host (name and address) with its own public host key."""
-    return "".join(f"{host.name},{host.address} {(host.dir / 'upper' / (HOST_KEY + '.pub')).read_text()}"
+    return "".join(f"{host.name},{host.address} {host_key_path(host).with_suffix('.pub').read_text()}"
                    for host in state.hosts)
 
 

@@ -104,6 +104,15 @@ def test_a_look_at_a_start_returns_at_once_and_its_answer_comes_back(tmp_path: P
     assert returned < ran[0]["end"], "the loop waited for systemctl show"
 
 
+def promoting_driver(plan: Plan, host: str, events: Path) -> tuple[DriverMemory, Executor]:
+    """The driver's memory while cohort 0 (generation 3) is promoted, and its executor on ``host``."""
+    driver = DriverMemory(promotion=Promotion(0, 3, "engine-1", time.time(), time.monotonic() + 30,
+                                              time.monotonic() + 10))
+    return driver, Executor(plan, host, None, EventLog(str(events), host, journal=None),
+                            AgentMetrics(plan.deployment, host, [0, 1], driver=True), NodeMemory(), driver, Schedule(),
+                            os.open(os.devnull, os.O_WRONLY))
+
+
 def test_a_look_at_a_promotion_returns_at_once_and_its_answer_is_handed_to_the_promotion(tmp_path: Path):
     """The look reads the promoted leader's metrics (here its system port accepts and never answers: no state
     seen, after the read's 0.5 s) in a thread; the loop gets the answer through take_probe_results, which says a
@@ -116,11 +125,7 @@ def test_a_look_at_a_promotion_returns_at_once_and_its_answer_is_handed_to_the_p
     contract, problems = parse_contract(hv, hosts)
     assert contract is not None, problems
     plan = build_plan(contract, state_dir=str(tmp_path / "state"), config_dir=str(tmp_path / "config"))
-    driver = DriverMemory(promotion=Promotion(0, 3, "engine-1", time.time(), time.monotonic() + 30,
-                                              time.monotonic() + 10))
-    executor = Executor(plan, hosts[0], None, EventLog(str(tmp_path / "events.jsonl"), hosts[0], journal=None),
-                        AgentMetrics(plan.deployment, hosts[0], [0, 1], driver=True), NodeMemory(), driver, Schedule(),
-                        os.open(os.devnull, os.O_WRONLY))
+    driver, executor = promoting_driver(plan, hosts[0], tmp_path / "events.jsonl")
     began = time.monotonic()
     executor([LookAtPromotion()])
     p = driver.promotion
@@ -146,12 +151,8 @@ def test_a_promotion_looks_error_is_reported_at_most_every_ten_seconds(tmp_path:
     """A look at the promotion that answered an error (every 50 ms while it lasts) writes one line per error, not
     one per look; the promotion takes the answer and is looked at again."""
     plan, hosts = two_nodes(tmp_path)
-    driver = DriverMemory(promotion=Promotion(0, 3, "engine-1", time.time(), time.monotonic() + 30,
-                                              time.monotonic() + 10))
     log = tmp_path / "events.jsonl"
-    executor = Executor(plan, hosts[0], None, EventLog(str(log), hosts[0], journal=None),
-                        AgentMetrics(plan.deployment, hosts[0], [0, 1], driver=True), NodeMemory(), driver, Schedule(),
-                        os.open(os.devnull, os.O_WRONLY))
+    driver, executor = promoting_driver(plan, hosts[0], log)
     for look in range(3):
         driver.promotion.looking = True
         executor.promotion_looks.put((0, 3, PromotionSeen(error="KeyError: 'kvs'")))
