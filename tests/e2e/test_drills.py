@@ -438,3 +438,30 @@ def test_nats_refused_nothing_the_engines_and_frontend_sent(deployment: dict[str
     assert "found in connect proto" in journal, "no Dynamo connection in the NATS log the journal holds"
     assert not launch.nats_refusals(journal), launch.nats_refusals(journal)[:10]
     print(f"\n[figure] NATS: {len(closed)} connections closed through the drills, none for their credentials")
+
+
+def test_the_frontend_keeps_no_connection_to_a_dead_worker(deployment: dict[str, Any]) -> None:
+    """After every failover above, Dynamo's frontend holds no request-plane connection to a worker that died, and
+    it is idle. Dynamo 1.6.1's client over TLS leaves such a connection in CLOSE-WAIT and its runtime spins
+    (1.1-1.6 cores per dead connection, measured) until the connection's pool is dropped as idle: the plan sets
+    that to REQUEST_PLANE_IDLE_TTL_S (3 s) instead of Dynamo's 300 s."""
+    host = d.plan().infra.frontend.host
+    pid = main_pid(host, f"{UNIT}-frontend")
+
+    def dead_connections() -> list[str]:
+        lines = on(host, "ss", "-tanpH", "state", "close-wait", timeout=30).splitlines()
+        return [line for line in lines if f"pid={pid}," in line]
+
+    wait_for("the frontend's connections to dead workers closed", lambda: not dead_connections(), 30, 1.0)
+
+    def cpu_ticks() -> int:
+        stat = on(host, "cat", f"/proc/{pid}/stat")
+        fields = stat[stat.rindex(")") + 2:].split()
+        return int(fields[11]) + int(fields[12])  # utime, stime
+
+    hz = int(on(host, "getconf", "CLK_TCK").strip())
+    before, start = cpu_ticks(), time.monotonic()
+    time.sleep(3)
+    cores = (cpu_ticks() - before) / hz / (time.monotonic() - start)
+    print(f"\n[figure] the frontend after the drills: {cores:.2f} CPU cores, 0 connections in CLOSE-WAIT")
+    assert cores < 0.5, f"the frontend uses {cores:.2f} CPU cores with nothing to do (spinning on a dead connection?)"

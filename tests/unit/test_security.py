@@ -16,7 +16,7 @@ import pytest
 
 from shadowline.deployment import units
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import PYTHON_PROXY, Plan, build_plan
+from shadowline.deployment.plan import PYTHON_PROXY, REQUEST_PLANE_IDLE_TTL_S, Plan, build_plan
 from shadowline.deployment.ports import port_uses
 from shadowline.deployment.secrets import ensure_secrets, host_files
 
@@ -54,6 +54,16 @@ def test_secure_by_default():
     assert f"EnvironmentFile={plan.security.dynamo_env}" in text["frontend"]
     assert f"EnvironmentFile={plan.security.dynamo_env}" in text["engine"]
     assert Plan.from_dict(plan.to_dict()) == plan
+
+
+def test_the_request_plane_client_drops_a_dead_workers_connection():
+    """Dynamo 1.6.1's request-plane client over TLS spins on a dead worker's connection until its pool is dropped
+    as idle (300 s by default): the frontend and the engines get REQUEST_PLANE_IDLE_TTL_S; plain TCP does not
+    need it (tests/e2e/test_drills.py measures the frontend after the drills)."""
+    plan = plan_of()
+    for env in (plan.infra.frontend.env, plan.cohort(1).ranks[0].process.env):
+        assert env["DYN_TCP_HOST_IDLE_TTL_SECS"] == str(REQUEST_PLANE_IDLE_TTL_S) == "3"
+    assert "DYN_TCP_HOST_IDLE_TTL_SECS" not in plan_of(gms_insecure=True).infra.frontend.env
 
 
 def test_insecure_is_an_explicit_opt_out():
