@@ -81,6 +81,7 @@ from .helpers import (
 from .hostexec import (
     current_state,
     exec_in,
+    unit_cpu_cores,
 )
 from .inventory import (
     inventory_text,
@@ -215,6 +216,7 @@ __all__ = [  # the package's names, re-exported: the API tests and scripts use
     "processes_connected_to_testbed", "record_run_netns", "remove_cgroups", "remove_outputs", "require_root",
     "restore_run_netns", "run", "save_journal", "seed_file", "seed_slurm", "seed_symlink", "seed_upper",
     "slurm_conf", "slurm_node_states", "ssh_banner", "status_rows", "system_state", "testbed_cgroup_dirs",
-    "testbed_links", "testbed_mounts", "testbed_netns", "testbed_socket_inodes", "unmount_all", "up", "wait_slurm",
+    "testbed_links", "testbed_mounts", "testbed_netns", "testbed_socket_inodes", "unit_cpu_cores", "unmount_all", "up",
+    "wait_slurm",
     "wait_sshd", "wait_systemd", "wait_until", "write_json_atomic", "write_known_hosts", "write_outputs",
 ]

@@ -454,14 +454,6 @@ def test_the_frontend_keeps_no_connection_to_a_dead_worker(deployment: dict[str,
 
     wait_for("the frontend's connections to dead workers closed", lambda: not dead_connections(), 30, 1.0)
 
-    def cpu_ticks() -> int:
-        stat = on(host, "cat", f"/proc/{pid}/stat")
-        fields = stat[stat.rindex(")") + 2:].split()
-        return int(fields[11]) + int(fields[12])  # utime, stime
-
-    hz = int(on(host, "getconf", "CLK_TCK").strip())
-    before, start = cpu_ticks(), time.monotonic()
-    time.sleep(3)
-    cores = (cpu_ticks() - before) / hz / (time.monotonic() - start)
+    cores = tb.unit_cpu_cores(host, f"{UNIT}-frontend", 3)
     print(f"\n[figure] the frontend after the drills: {cores:.2f} CPU cores, 0 connections in CLOSE-WAIT")
     assert cores < 0.5, f"the frontend uses {cores:.2f} CPU cores with nothing to do (spinning on a dead connection?)"

@@ -708,8 +708,8 @@ def nats_identity(deployment: str, host: str) -> dict[str, str]:
 # 1.6.1's client over TLS never closes a connection whose worker died (it stays in CLOSE-WAIT) and its tokio
 # runtime then spins: the frontend used 1.1-1.6 CPU cores after each failover on the testbed (10,000
 # epoll_wait calls a second, each returning nothing), until the connection's host pool is dropped as idle:
-# after 300 s by default. Plain TCP closes the connection at once (0.8 % CPU). With 3 s the frontend was back
-# under 1 % within 4 s of each of four failovers, and 0 connections stayed in CLOSE-WAIT (docs/security.md).
+# after 300 s by default. Plain TCP closes the connection at once (0.8 % CPU). With 3 s the spin ended 8-30 s
+# after each failover (1 s ended it no sooner), and 0 connections stayed in CLOSE-WAIT (docs/security.md).
 # A worker idle longer than this gets a new connection (one TLS handshake) with its next request.
 REQUEST_PLANE_IDLE_TTL_S = 3
 
