@@ -38,7 +38,7 @@ def test_the_wait_wakes_when_the_process_is_killed():
         assert waiter.poll() is None, "the wait ended while its process ran"
         killed = time.time()
         target.kill()
-        out, _ = waiter.communicate(timeout=10)
+        out = waiter.communicate(timeout=10)[0]
         assert killed <= float(out) < killed + 5
     finally:
         target.kill()
