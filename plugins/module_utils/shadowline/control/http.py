@@ -40,7 +40,9 @@ def direct_opener(context: ssl.SSLContext | None = None) -> Opener:
 # A kept-alive connection the server closed while it lay idle fails at once in one of these ways: the request is
 # sent again on another connection (a server that died mid-request fails the same way; the requests sent here are
 # ones their clients send again elsewhere anyway, as etcd's endpoint failover does). A timeout is never resent.
-_CLOSED_WHILE_IDLE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError, http.client.RemoteDisconnected)
+# (ssl.SSLEOFError: a TLS server that closed it without a close_notify, as Python's http.server does)
+_CLOSED_WHILE_IDLE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError, http.client.RemoteDisconnected,
+                      ssl.SSLEOFError)
 
 
 class KeptConnections:
@@ -68,10 +70,15 @@ class KeptConnections:
              timeout: float) -> tuple[int, bytes]:
         """POST and read the whole answer: (status, body); raises OSError or http.client.HTTPException when no
         whole answer came (``timeout`` for the connection and for each read)."""
+        return self.request("POST", origin, path, body, headers, timeout)
+
+    def request(self, method: str, origin: str, path: str, body: bytes | None, headers: dict[str, str],
+                timeout: float) -> tuple[int, bytes]:
+        """``method`` on a kept connection, as ``post``."""
         while True:
             connection, kept = self._take(origin, timeout)
             try:
-                connection.request("POST", path, body=body, headers=headers)
+                connection.request(method, path, body=body, headers=headers)
                 response = connection.getresponse()
                 payload = response.read()
             except _CLOSED_WHILE_IDLE:
