@@ -248,17 +248,20 @@ def own_keepalives(client: Etcd, leases: list[str]) -> float:
 
 def test_row02b_etcd_stopped_a_worker_killed_etcd_back(steady: dict[str, Any]) -> None:
     """The death happens while etcd is away: node2 kills its rank's rest at once and declares once etcd is back
-    (never restarting the one rank into the running generation)."""
+    (never restarting the one rank into the running generation); its failure notice reaches the other nodes'
+    agents directly, which kill their ranks of that generation without etcd."""
     t0 = steady["t0"]
     parked = 1 - d.serving()
     with Load(d) as load:
         d.on(LEADER, "systemctl", "stop", f"{UNIT}-etcd")
         try:
             time.sleep(1)
+            killed = time.time()
             d.kill_rank("node2", parked)
             time.sleep(10)
         finally:
             d.on(LEADER, "systemctl", "start", f"{UNIT}-etcd")
+            etcd_back = time.time()
         wait_event("relaunch-complete", t0, 90, LEADER, parked)
         wait_until(d.completion_ok, 60, 0.5, "serving after etcd is back")  # the frontend may have ended: restarted
         back = time.time()
@@ -268,6 +271,11 @@ def test_row02b_etcd_stopped_a_worker_killed_etcd_back(steady: dict[str, Any]) -
     assert {e["cohort"] for e in declared(t0)} == {parked}, [(e["node"], e["cohort"], e["detail"]) for e in
                                                              declared(t0)]
     assert load.failed(after=back + 1) == [], load.summary()
+    for host in [n for n in NODES if n != "node2"]:
+        told = [e for e in d.events(host, killed, "teardown-requested") if e["cohort"] == parked]
+        gone = [e for e in d.events(host, killed, "ranks-gone") if e["cohort"] == parked]
+        assert told and told[0]["detail"]["via"] == "notice" and told[0]["detail"]["by"] == "node2", (host, told)
+        assert gone and gone[0]["time"] < etcd_back, f"{host}'s rank was not gone while etcd was away: {gone}"
     same_agents(steady)
 
 

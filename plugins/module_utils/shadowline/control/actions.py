@@ -26,10 +26,11 @@ class Record:
 class ReportFault:
     """An unexpected error of a look done in a thread (a leader's probe, a start's look), answered to the loop:
     one event line, the same error of the same look at most every ERROR_REPORT_S (a fault that repeats every
-    look must not flood the log); the loop goes on with its tick, and the next look is taken as usual."""
+    look must not flood the log); the loop goes on with its tick, and the next look is taken as usual. Also the
+    failure notices (failure_notices.py) refused or left unsent, which concern no cohort of this node (None)."""
     event: str
-    cohort: int
-    generation: int
+    cohort: int | None
+    generation: int | None
     error: str
 
 

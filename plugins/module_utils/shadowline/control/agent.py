@@ -34,12 +34,14 @@ from .. import console
 from ..deployment.plan import Plan
 from . import observe
 from .access import agent_server_context, etcd_for
+from .actions import ReportFault
 from .agent_metrics import CONTENT_TYPE, AgentMetrics, MetricsUnavailable
 from .coordination import Coordination
 from .driver_duties import DriverDuties
 from .etcd_client import Etcd
 from .events import EventLog
 from .executor import ERROR_REPORT_S, Executor, Schedule
+from .failure_notices import PEER_IDLE_S, Inbox, Notifier, sender_node
 from .feed import EtcdFeed, FeedNews
 from .gpu_watch import GpuWatch
 from .memory import DriverMemory, NodeMemory
@@ -71,8 +73,10 @@ class Agent:
         self.driver_memory = DriverMemory() if self.is_driver else None
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
+        self.inbox = Inbox(plan, self.wake_w)  # other agents' failure notices, from the endpoint's threads
+        self.notifier = Notifier(plan, host, self.wake_w)
         self.execute = Executor(plan, host, etcd, self.events, self.metrics, self.memory, self.driver_memory,
-                                self.schedule, self.wake_w)
+                                self.schedule, self.wake_w, self.notifier)
         self.node = NodeDuties(plan, host, self.memory, self.execute)
         self.driver = DriverDuties(plan, host, self.memory, self.driver_memory,
                                    self.execute) if self.driver_memory is not None else None
@@ -92,6 +96,7 @@ class Agent:
         self.adopt()
         self.feed.start()
         self.gpu.start()
+        self.notifier.start()
         self.events.write("agent-started", pid=os.getpid(), driver=self.is_driver,
                           adopted={c: r.pid for c, r in self.memory.ranks.items()})
         self.systemd.ready(f"watching {len(self.memory.ranks)} ranks")
@@ -111,6 +116,7 @@ class Agent:
         now = Now.read()
         for cohort in exited:  # local first: the rest of a dead rank is killed before anything waits on etcd
             self.node.on_rank_exit(cohort, now)
+        self.take_failure_notices()  # then what other nodes' agents declared and told this one directly
         if gms_exited:
             self.node.on_gms_exit(now)
         faults, notices = self.gpu.take()
@@ -160,6 +166,15 @@ class Agent:
         if news.view is not None:
             self.view = self.execute.view = news.view
         return news
+
+    def take_failure_notices(self) -> None:
+        """Other agents' failure notices since the last tick (torn down at once), and what was refused or unsent."""
+        notices, refused = self.inbox.take()
+        self.node.on_notices(notices)
+        for who, why in refused:
+            self.execute([ReportFault("notice-refused", None, None, f"{who}: {why}")])
+        for peer, why in self.notifier.take_unsent():
+            self.execute([ReportFault("notice-unsent", None, None, f"{peer}: {why}")])
 
     def tick_failed(self, err: Exception) -> None:
         self.metrics.count("tick_errors_total")
@@ -246,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     serve(plan.node(args.host).address, int(plan.ports.agent_metrics),
-          lambda: (agent.metrics.render(), CONTENT_TYPE), agent.healthy, agent_server_context(plan))
+          lambda: (agent.metrics.render(), CONTENT_TYPE), agent.healthy, agent_server_context(plan),
+          notices=agent.inbox.receive, peers=lambda peer: sender_node(plan, peer) is not None,
+          peer_idle_s=PEER_IDLE_S, peer_count=len(plan.hosts))
     agent.run()
     return 0
 

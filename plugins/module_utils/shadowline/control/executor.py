@@ -76,11 +76,13 @@ from .coordination import Coordination
 from .discovery import registrations, revoke_leases, worker_registrations
 from .etcd_client import Etcd, EtcdError
 from .events import EventLog
+from .failure_notices import FailureNotice, Notifier
 from .lock import try_acquire
 from .memory import Canary, DriverMemory, LocalRank, NodeMemory, PromotionSeen, Start, Teardown
 from .observe import LeaderProbe, StartCheck, rank_alive
 from .proc import alive, kill_cgroup, systemctl
 from .view import DeploymentView, Now
+from .wakeup import drain, wake
 
 KILL_AGAIN_S = 0.2  # a cgroup not empty after SIGKILL: killed again this often (forks, a wait that ends)
 NOT_GONE_REPORT_S = 1.0  # a killed rank's cgroup still not empty this long after the teardown began: say so
@@ -107,17 +109,10 @@ class ProbeResult:
 T = TypeVar("T")
 
 
-def drain(answers: queue.Queue[T]) -> list[T]:
-    """Everything a queue holds now (the threads' answers since the last tick)."""
-    taken = []
-    while not answers.empty():
-        taken.append(answers.get_nowait())
-    return taken
-
-
 class Executor:
     def __init__(self, plan: Plan, host: str, etcd: Etcd, events: EventLog, metrics: AgentMetrics,  # noqa: PLR0913 (over the size limits of pyproject.toml; split it when it changes next)
-                 node: NodeMemory, driver: DriverMemory | None, schedule: Schedule, wake_fd: int) -> None:
+                 node: NodeMemory, driver: DriverMemory | None, schedule: Schedule, wake_fd: int,
+                 notifier: Notifier | None = None) -> None:
         self.plan = plan
         self.host = host
         self.etcd = etcd
@@ -135,7 +130,9 @@ class Executor:
         self.confirms: list[Confirm] = []  # written to etcd after the tick's kills and declarations
         self.settles: list[str] = []  # units whose processes are gone, stopped in systemd after the confirmations
         self.view: DeploymentView | None = None  # the agent's latest view: a declaration's compare-and-swap starts there
-        self.faults_reported: dict[tuple[str, int, str], float] = {}  # ReportFault's last line, by look and error
+        self.faults_reported: dict[tuple[str, int | None, str], float] = {}  # ReportFault's last line, by look and error
+        self.notifier = notifier  # tells the other nodes' agents of a declaration directly (failure_notices.py)
+        self.noticed: set[tuple[int, int]] = set()  # the (cohort, generation)s told already
 
     def __call__(self, actions: list[Action]) -> None:
         for action in actions:
@@ -227,6 +224,10 @@ class Executor:
     # --- a node's ranks ----------------------------------------------------------------------------------------
     def declare(self, action: Declare) -> None:
         key = (action.cohort, action.generation)
+        if self.notifier is not None and key not in self.noticed:  # first: the other nodes kill theirs meanwhile
+            self.noticed.add(key)
+            self.notifier.send(FailureNotice(self.plan.deployment, action.cohort, action.generation, action.reason,
+                                             self.host, time.time()))
         if self.node.etcd_lost_since is not None:  # no etcd: the next view after it returns shows what to declare
             if key not in self.node.declare_errors:
                 self.node.declare_errors.add(key)
@@ -360,7 +361,7 @@ class Executor:
                 systemctl("start", "--no-block", unit)
             finally:  # a systemctl that failed or hung: the start is judged from the unit's state as ever
                 requested.set()
-                os.write(self.wake_fd, b"l")
+                wake(self.wake_fd, b"l")
         threading.Thread(target=ask, name=f"launch-{cohort}", daemon=True).start()
 
     def check_start(self, action: CheckStart) -> None:
@@ -571,13 +572,13 @@ class Executor:
             b"v")
 
     # --- probes: threads that only send, their answers come back through the queue ------------------------------
-    def answer_in_thread(self, name: str, answers: queue.Queue[T], read: Callable[[], T], wake: bytes) -> None:
+    def answer_in_thread(self, name: str, answers: queue.Queue[T], read: Callable[[], T], why: bytes) -> None:
         """``read()`` in a thread of its own, its answer put in ``answers`` and the loop woken: the loop never
         waits on systemd, an engine, etcd or the frontend. ``read`` must always answer (an answer that never comes
         leaves its start, rank or promotion unjudged for good)."""
         def run() -> None:
             answers.put(read())
-            os.write(self.wake_fd, wake)
+            wake(self.wake_fd, why)
         threading.Thread(target=run, name=name, daemon=True).start()
 
     def probe(self, kind: str, cohort: int | None = None, generation: int | None = None,

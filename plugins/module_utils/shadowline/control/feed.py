@@ -24,6 +24,7 @@ from typing import Any
 from .coordination import Keys, RecordInvalid, Slot
 from .etcd_client import Etcd, EtcdError
 from .view import DeploymentView, read_view
+from .wakeup import wake
 
 RETRY_S = 0.2  # after a failed call, wait this long before the next
 
@@ -174,7 +175,4 @@ class EtcdFeed:
         self.wake()
 
     def wake(self) -> None:
-        try:
-            os.write(self.wake_fd, b"f")
-        except OSError:
-            pass  # the pipe is full (the loop is awake already), or the loop has ended
+        wake(self.wake_fd, b"f")

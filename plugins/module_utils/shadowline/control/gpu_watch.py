@@ -10,7 +10,6 @@ thread ends: the agent goes on without GPU events rather than dying.
 
 from __future__ import annotations
 
-import os
 import queue
 import subprocess
 import threading
@@ -19,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .gpu_health import KERNEL_LOG_ARGV, FakeEvents, GpuFault, KernelLog, NvmlEvents, fake_events_path
+from .wakeup import drain, wake
 
 FAKE_POLL_S = 0.05  # the stand-in's event file is read this often
 NVML_WAIT_MS = 500
@@ -44,7 +44,7 @@ class GpuWatch(threading.Thread):
         self.stop = threading.Event()
 
     def take(self) -> tuple[list[GpuFault], list[WatchNotice]]:
-        return _drain(self.faults), _drain(self.notices)
+        return drain(self.faults), drain(self.notices)
 
     def run(self) -> None:
         try:
@@ -98,16 +98,4 @@ class GpuWatch(threading.Thread):
         self.wake()
 
     def wake(self) -> None:
-        try:
-            os.write(self.wake_fd, b"g")
-        except BlockingIOError:
-            pass  # the loop has unread wake-ups already
-
-
-def _drain(items: queue.Queue) -> list:
-    out = []
-    while True:
-        try:
-            out.append(items.get_nowait())
-        except queue.Empty:
-            return out
+        wake(self.wake_fd, b"g")

@@ -46,6 +46,7 @@ from .actions import (
     WakeAt,
 )
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
+from .failure_notices import FailureNotice
 from .gpu_health import GpuFault
 from .memory import LocalRank, NodeMemory, Start
 from .observe import HealthAnswer, UnitState
@@ -77,14 +78,26 @@ def rank_exited(rank: LocalRank, now: Now, failover: Failover) -> list[Action]:
                     rank.culprit("process-exit", f"main process {rank.pid} of {rank.unit} exited"))]
 
 
-def slot_failed(slot: Slot, memory: NodeMemory, failover: Failover) -> list[Action]:
-    """A generation declared failed (or dead): tear this node's rank of it down. [] when there is none."""
+def slot_failed(slot: Slot, memory: NodeMemory, failover: Failover, via: str = "etcd") -> list[Action]:
+    """A generation declared failed (or dead): tear this node's rank of it down. [] when there is none. ``via``:
+    how the agent heard of it (the slot record's watch event, or another agent's notice)."""
     rank = memory.ranks.get(slot.cohort)
     if slot.state not in (FAILED, DEAD) or rank is None or rank.generation > slot.generation:
         return []
-    return [Record("teardown-requested", slot.cohort, slot.generation, {"reason": slot.reason, "by": slot.detected_by}),
+    return [Record("teardown-requested", slot.cohort, slot.generation,
+                   {"reason": slot.reason, "by": slot.detected_by, "via": via}),
             NoteDetected(slot.cohort, slot.generation, slot.since),
             TearDown(rank, slot.since, teardown_grace(slot, failover))]
+
+
+def notice_failed(notice: FailureNotice, memory: NodeMemory, failover: Failover) -> list[Action]:
+    """Another node's agent declared a generation failed and told this one directly (failure_notices.py): tear
+    this node's rank down at once if it runs exactly that generation (else the notice is not about it: a newer
+    generation runs here, or none). The declaration in etcd follows and finds the rank gone."""
+    rank = memory.ranks.get(notice.cohort)
+    if rank is None or rank.generation != notice.generation:
+        return []
+    return slot_failed(notice.slot(), memory, failover, via="notice")
 
 
 def settle_failed(slot: Slot, memory: NodeMemory, failover: Failover, now: Now,
@@ -353,6 +366,11 @@ class NodeDuties:
         """The hot path: tear down at once what a watch event says has failed (no read of etcd first)."""
         for slot in slots:
             self.execute(slot_failed(slot, self.memory, self.failover))
+
+    def on_notices(self, notices: list[FailureNotice]) -> None:
+        """The other hot path: tear down at once what another node's agent declared and told this one."""
+        for notice in notices:
+            self.execute(notice_failed(notice, self.memory, self.failover))
 
     def on_rank_exit(self, cohort: int, now: Now) -> None:
         rank = self.memory.ranks.get(cohort)

@@ -171,7 +171,8 @@ def insecure_warning(deployment: str) -> str:
     """What every run of a deployment with gms_insecure: true says (preflight, slurm/render)."""
     return (f"gms_insecure is true: deployment {deployment} runs etcd without authentication and NATS without "
             "TLS. Anyone who can reach the infra hosts (a Slurm job's first node) can forge slot records (make "
-            "every node kill any cohort), fake discovery registrations and read all traffic. Remove gms_insecure "
+            "every node kill any cohort; so can a failure notice to the agents from a node's address), fake "
+            "discovery registrations and read all traffic. Remove gms_insecure "
             "to close the control plane (docs/security.md).")
 
 
