@@ -110,6 +110,7 @@ class Agent:
             self.systemd.alive()
         self.systemd.stopping()
         self.feed.stop.set()
+        self.notifier.stop.set()
         self.events.write("agent-stopped")
 
     def tick(self, exited: list[int], gms_exited: bool) -> None:
@@ -171,9 +172,13 @@ class Agent:
         """Other agents' failure notices since the last tick (torn down at once), and what was refused or unsent."""
         notices, refused = self.inbox.take()
         self.node.on_notices(notices)
+        for _notice in notices:
+            self.metrics.count("notices_taken")
         for who, why in refused:
+            self.metrics.count("notices_refused")
             self.execute([ReportFault("notice-refused", None, None, f"{who}: {why}")])
         for peer, why in self.notifier.take_unsent():
+            self.metrics.count("notices_unsent")
             self.execute([ReportFault("notice-unsent", None, None, f"{peer}: {why}")])
 
     def tick_failed(self, err: Exception) -> None:

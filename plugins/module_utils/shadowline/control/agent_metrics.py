@@ -48,6 +48,12 @@ COUNTERS = {  # name (prometheus_client adds "_total") -> help
     "agents_lost": "Other nodes' agents whose etcd lease this agent (the driver) saw expire.",
     "records_invalid": "Records in etcd this agent could not read and ignored (reported once per revision).",
     "tick_errors": "Errors that ended one pass of this agent's loop (reported; the loop went on).",
+    "notices_taken": "Failure notices from other nodes' agents this agent took (it tore down its rank of that "
+                     "generation, if it ran one).",
+    "notices_refused": "Failure notices this agent refused: not from a node of the deployment, about another node, "
+                       "malformed or too old.",
+    "notices_unsent": "Failure notices this agent could not deliver to another node's agent (etcd carried the "
+                      "declaration alone).",
 }
 HISTOGRAMS = {  # name -> help
     "teardown_seconds": "Seconds from a failure's detection to its generation's ranks gone on every node (driver).",
