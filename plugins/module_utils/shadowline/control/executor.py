@@ -135,8 +135,21 @@ class Executor:
         self.noticed: set[tuple[int, int]] = set()  # the (cohort, generation)s told already
 
     def __call__(self, actions: list[Action]) -> None:
+        self.tell([a for a in actions if isinstance(a, Declare)])  # before any etcd write of these actions
         for action in actions:
             self.perform(action)
+
+    def tell(self, declarations: list[Declare]) -> None:
+        """Tell the other nodes' agents of every generation these actions declare failed, all before the first
+        compare-and-swap (a GPU fault fails every cohort on the GPU at once: a notice per cohort sent only after
+        the previous cohort's etcd write let another node kill the serving leader, and free the failover lock,
+        milliseconds before the parked shadow of the same faulty GPU, which could take the lock meanwhile)."""
+        for action in declarations:
+            key = (action.cohort, action.generation)
+            if self.notifier is not None and key not in self.noticed:
+                self.noticed.add(key)
+                self.notifier.send(FailureNotice(self.plan.deployment, action.cohort, action.generation,
+                                                 action.reason, self.host, time.time()))
 
     def report_fault(self, fault: ReportFault) -> None:
         key = (fault.event, fault.cohort, fault.error)
@@ -223,11 +236,7 @@ class Executor:
 
     # --- a node's ranks ----------------------------------------------------------------------------------------
     def declare(self, action: Declare) -> None:
-        key = (action.cohort, action.generation)
-        if self.notifier is not None and key not in self.noticed:  # first: the other nodes kill theirs meanwhile
-            self.noticed.add(key)
-            self.notifier.send(FailureNotice(self.plan.deployment, action.cohort, action.generation, action.reason,
-                                             self.host, time.time()))
+        key = (action.cohort, action.generation)  # told to the other agents already (tell)
         if self.node.etcd_lost_since is not None:  # no etcd: the next view after it returns shows what to declare
             if key not in self.node.declare_errors:
                 self.node.declare_errors.add(key)
