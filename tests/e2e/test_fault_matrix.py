@@ -248,8 +248,8 @@ def own_keepalives(client: Etcd, leases: list[str]) -> float:
 
 def test_row02b_etcd_stopped_a_worker_killed_etcd_back(steady: dict[str, Any]) -> None:
     """The death happens while etcd is away: node2 kills its rank's rest at once and declares once etcd is back
-    (never restarting the one rank into the running generation); its failure notice reaches the other nodes'
-    agents directly, which kill their ranks of that generation without etcd."""
+    (never restarting the one rank into the running generation), as rank-exited; its failure notice reaches the
+    other nodes' agents directly, which kill their ranks of that generation without etcd."""
     t0 = steady["t0"]
     parked = 1 - d.serving()
     with Load(d) as load:
@@ -270,6 +270,9 @@ def test_row02b_etcd_stopped_a_worker_killed_etcd_back(steady: dict[str, Any]) -
     assert declared(t0, parked), "the death was never declared"
     assert {e["cohort"] for e in declared(t0)} == {parked}, [(e["node"], e["cohort"], e["detail"]) for e in
                                                              declared(t0)]
+    # declared with its cause, whichever node wrote it once etcd was back: node2 remembers its own declaration,
+    # the others the notice (never rank-missing: every node knew why its rank was gone)
+    assert [e["detail"]["reason"] for e in declared(t0)] == ["rank-exited"], declared(t0)
     assert load.failed(after=back + 1) == [], load.summary()
     for host in [n for n in NODES if n != "node2"]:
         told = [e for e in d.events(host, killed, "teardown-requested") if e["cohort"] == parked]

@@ -17,8 +17,10 @@ import pytest
 
 from shadowline.control import metrics_server
 from shadowline.control.access import agent_server_context, client_context
-from shadowline.control.actions import NoteDetected, Record, TearDown
+from shadowline.control.actions import Declare, NoteDetected, NoteFailure, Record, TearDown, WakeAt
+from shadowline.control.coordination import RUNNING
 from shadowline.control.failure_notices import (
+    EVIDENCE_TEXT,
     MAX_AGE_S,
     PEER_IDLE_S,
     FailureNotice,
@@ -29,12 +31,13 @@ from shadowline.control.failure_notices import (
     sender_node,
 )
 from shadowline.control.http import KeptConnections
+from shadowline.control.memory import KnownFailure
 from shadowline.control.metrics_server import Peer
-from shadowline.control.node_duties import notice_failed
+from shadowline.control.node_duties import RELAY_AFTER_S, launch_due, notice_failed
 from shadowline.deployment.pki import common_name, ensure_pki
 from shadowline.deployment.plan import Plan
 
-from .test_agent_node import FAILOVER, memory, rank
+from .test_agent_node import FAILOVER, NOW, at, kinds, memory, rank, slot
 from .test_plan import plan_for
 
 ADDRESSES = {"node0": "127.0.0.1", "node1": "127.0.0.2"}
@@ -52,7 +55,9 @@ def local_plan(secrets: str = "/nonexistent", port: int = 8480, insecure: bool =
 
 def notice(**override) -> FailureNotice:
     fields = {"deployment": "llama", "cohort": 1, "generation": 3, "reason": "rank-exited", "host": "node1",
-              "since": time.time()}
+              "since": time.time(), "evidence": {"signal": "process-exit", "culprit_node": "node1", "culprit_rank": 1,
+                                                 "evidence": "main process 4242 of gms-llama-engine@1 exited",
+                                                 "still_s": 1.5, "gpu": None}}
     return FailureNotice(**{**fields, **override})
 
 
@@ -60,9 +65,16 @@ NODE1 = Peer("127.0.0.2", common_name("llama", "node1"))
 
 
 # --- what is taken -----------------------------------------------------------------------------------------------
-def test_a_recent_notice_of_a_node_about_itself_is_taken():
+def test_a_recent_notice_of_a_node_about_itself_is_taken_with_the_declarations_evidence():
     sent = notice()
-    assert accept(local_plan(), sent.to_json(), NODE1, time.time()) == sent
+    taken = accept(local_plan(), sent.to_json(), NODE1, time.time())
+    assert taken == sent and taken.evidence == sent.evidence
+
+
+def test_a_long_text_of_the_evidence_is_sent_cut_to_what_a_notice_may_carry():
+    long = notice(evidence={"evidence": "x" * 5000})
+    taken = accept(local_plan(), long.to_json(), NODE1, time.time())
+    assert taken.evidence == {"evidence": "x" * EVIDENCE_TEXT}
 
 
 @pytest.mark.parametrize(("peer", "override", "status", "words"), [
@@ -91,6 +103,11 @@ def test_a_notice_from_someone_else_or_about_another_node_or_old_is_refused(peer
     (json.dumps({**json.loads(notice().to_json()), "host": ""}).encode(), "host"),
     (json.dumps({**json.loads(notice().to_json()), "since": "now"}).encode(), "since"),
     (json.dumps({**json.loads(notice().to_json()), "since": 1e400}).encode(), "not a time"),
+    (json.dumps({**json.loads(notice().to_json()), "evidence": []}).encode(), "evidence"),
+    (json.dumps({**json.loads(notice().to_json()), "evidence": {"signal": {"nested": 1}}}).encode(), "evidence"),
+    (json.dumps({**json.loads(notice().to_json()), "evidence": {"still_s": 1e400}}).encode(), "evidence"),
+    (json.dumps({**json.loads(notice().to_json()), "evidence": {"x": "y" * 401}}).encode(), "evidence"),
+    (json.dumps({**json.loads(notice().to_json()), "evidence": {str(i): i for i in range(17)}}).encode(), "evidence"),
 ])
 def test_a_malformed_notice_is_refused_naming_what_is_wrong(body, words):
     with pytest.raises(NoticeRefused) as err:
@@ -106,16 +123,47 @@ def test_without_tls_a_node_is_known_by_its_address_only():
 
 
 # --- what is torn down -------------------------------------------------------------------------------------------
-def test_a_notice_tears_down_the_rank_of_exactly_its_generation():
+def test_a_notice_tears_down_the_rank_of_exactly_its_generation_and_is_remembered():
     r = rank(cohort=1, generation=3)
     sent = notice()
-    assert notice_failed(sent, memory(r), FAILOVER) == [
+    assert notice_failed(sent, memory(r), FAILOVER, NOW) == [
+        NoteFailure(1, KnownFailure(3, "rank-exited", sent.evidence, "node1", NOW.mono)),
         Record("teardown-requested", 1, 3, {"reason": "rank-exited", "by": "node1", "via": "notice"}),
         NoteDetected(1, 3, sent.since),
         TearDown(r, sent.since, FAILOVER.term_grace_s)]
-    assert notice_failed(notice(generation=2), memory(r), FAILOVER) == []  # a newer generation runs here
-    assert notice_failed(notice(generation=4), memory(r), FAILOVER) == []  # an older one: etcd retires it
-    assert notice_failed(notice(cohort=0), memory(r), FAILOVER) == []  # no rank of that cohort here
+    assert notice_failed(notice(generation=2), memory(r), FAILOVER, NOW) == []  # a newer generation runs here
+    assert notice_failed(notice(generation=4), memory(r), FAILOVER, NOW) == []  # an older one: etcd retires it
+    assert notice_failed(notice(cohort=0), memory(r), FAILOVER, NOW) == []  # no rank of that cohort here
+
+
+def test_a_rank_torn_down_by_a_notice_is_not_declared_missing_before_the_declaring_agent_writes():
+    """CI once: node2's GPU fault failed both cohorts; node0 took node2's notices, its teardowns ended in 63 ms,
+    and its next view (etcd not written yet) showed the generations running with node0's ranks missing: node0
+    declared rank-missing first, and the GPU fault was recorded as a missing rank. Now the notice's failure is
+    remembered; the declaring agent's own write is waited for RELAY_AFTER_S, then written here with its cause."""
+    gpu = {"signal": "gpu", "culprit_node": "node2", "culprit_rank": 2, "evidence": "Xid 79", "xid": 79}
+    told = notice(reason="gpu-fault", host="node2", evidence=gpu)
+    running = slot(1, 3, RUNNING, not_before=0.0)
+    node = memory()  # the rank's teardown ended: no rank, nothing terminating
+    node.known_failures[1] = notice_failed(told, memory(rank(cohort=1, generation=3)), FAILOVER, NOW)[0].failure
+    assert launch_due(running, node, NOW) == [WakeAt(NOW.mono + RELAY_AFTER_S, full=True)]
+    assert launch_due(running, node, at(RELAY_AFTER_S - 0.01)) == [WakeAt(NOW.mono + RELAY_AFTER_S, full=True)]
+    relayed = launch_due(running, node, at(RELAY_AFTER_S))
+    assert kinds(relayed) == ["Record:declaration-relayed", "Declare"]
+    assert relayed[1] == Declare(1, 3, "gpu-fault") and relayed[1].evidence == {**gpu, "declared_by": "node2"}
+    # a newer generation running: the notice was about an older one, this rank is missing for no known reason
+    newer = slot(1, 4, RUNNING, not_before=0.0)
+    assert kinds(launch_due(newer, node, NOW)) == ["Record:rank-missing", "Declare"]
+
+
+def test_a_failure_declared_here_that_etcd_did_not_take_is_declared_again_with_its_cause_at_once():
+    """Fault matrix row 2b: the rank died while etcd was away; once etcd answers, its node declares it with the
+    reason and evidence it had, not as rank-missing."""
+    exited = {"signal": "process-exit", "culprit_node": "node0", "culprit_rank": 0, "evidence": "main process 7"}
+    node = memory()
+    node.known_failures[1] = KnownFailure(3, "rank-exited", exited, None, NOW.mono)
+    actions = launch_due(slot(1, 3, RUNNING, not_before=0.0), node, NOW)
+    assert actions == [Declare(1, 3, "rank-exited")] and actions[0].evidence == exited
 
 
 # --- over the wire -----------------------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def etcd_context(plan: Plan, on_controller: bool = False) -> ssl.SSLContext | No
     the certificate when the files cannot be read."""
     files = etcd_tls_files(plan, on_controller)
     try:
-        return client_context(files["ca"], files["cert"], files["key"]) if files else None
+        return files_context(files)
     except (OSError, ssl.SSLError) as err:
         raise EtcdError(f"cannot read the etcd client certificate ({files['cert']}, its key or the CA: "
                         f"{getattr(err, 'strerror', None) or err}); run the playbook again to install the "
@@ -244,6 +244,12 @@ def agent_server_context(plan: Plan) -> ssl.SSLContext | None:
     return context
 
 
+def agent_client_context(plan: Plan) -> ssl.SSLContext | None:
+    """The TLS context of a host's client of the other agents' endpoints (failure notices): its own client
+    certificate; None when the plan is insecure."""
+    return files_context(host_tls_files(plan))
+
+
 def host_tls_files(plan: Plan) -> dict[str, str]:
     """The client TLS files every host of the deployment has (the CA, its client certificate and key); {} when the
     plan is insecure."""
@@ -262,6 +268,11 @@ def client_context(ca: str, cert: str | None = None, key: str | None = None) -> 
     return context
 
 
+def files_context(files: dict[str, str]) -> ssl.SSLContext | None:
+    """client_context of the files a ``*_tls_files`` gives (the CA, a certificate and its key); None for {}."""
+    return client_context(files["ca"], files["cert"], files["key"]) if files else None
+
+
 # -- the frontend (gms_frontend_tls) ------------------------------------------------------------------------- #
 
 def frontend_tls_files(plan: Plan, on_controller: bool = False) -> dict[str, str]:
@@ -278,5 +289,4 @@ def frontend_tls_files(plan: Plan, on_controller: bool = False) -> dict[str, str
 
 def frontend_context(plan: Plan, on_controller: bool = False) -> ssl.SSLContext | None:
     """The TLS context of a client of the frontend (None when it is plain HTTP)."""
-    files = frontend_tls_files(plan, on_controller)
-    return client_context(files["ca"], files["cert"], files["key"]) if files else None
+    return files_context(frontend_tls_files(plan, on_controller))

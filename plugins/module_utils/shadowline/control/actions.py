@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from .coordination import Slot
-from .memory import LocalRank, Promotion
+from .memory import KnownFailure, LocalRank, Promotion
 from .progress import Observation
 
 
@@ -131,6 +131,14 @@ class NoteDetected:
     cohort: int
     generation: int
     when: float
+
+
+@dataclass(frozen=True)
+class NoteFailure:
+    """Remember a generation's failure that another node's agent declared and told this one of (the first known
+    of that generation is kept: its first cause)."""
+    cohort: int
+    failure: KnownFailure
 
 
 @dataclass(frozen=True)
@@ -371,7 +379,8 @@ class ClearGmsLost:
 
 
 Action = Union[Record, ReportFault, WakeAt, Declare, TearDown, FinishTeardown, KillRest, Confirm, Launch, Launched, LaunchFailed,
-               CheckStart, Untrack, AbandonStart, NoteDetected, MarkHealthy, ProbeLeader, NoteProgress, Fence, ClearFence, SetGeneration, ReportInvalid,
+               CheckStart, Untrack, AbandonStart, NoteDetected, NoteFailure, MarkHealthy, ProbeLeader, NoteProgress, Fence, ClearFence,
+               SetGeneration, ReportInvalid,
                ReportGmsLost, SwapSlot, RevokeRegistration, DeferRevocation,
                ObserveTeardown, NoteLaunched, SetHolder, SetServing, CreateSlot, BeginPromotion, ExtendPromotion, TakeBridge, ReleaseBridge,
                NoteLockReplaced, PromotionActive, PromotionRegistered,

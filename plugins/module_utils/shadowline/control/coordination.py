@@ -63,7 +63,7 @@ class Slot:
         if not isinstance(data, dict):
             raise RecordInvalid(f"not a JSON object but {type(data).__name__}")
         schema = data.pop("schema", SLOT_SCHEMA)
-        if not _is_int(schema) or schema < 1:
+        if not is_int(schema) or schema < 1:
             raise RecordInvalid(f"schema is {schema!r}, not a version number")
         if schema > SLOT_SCHEMA:
             raise RecordInvalid(f"schema {schema} is newer than this agent's ({SLOT_SCHEMA}): upgrade the agent",
@@ -76,10 +76,10 @@ class Slot:
         if missing:
             raise RecordInvalid(f"fields {missing} are missing")
         for name in ("cohort", "generation", "attempts"):
-            if name in data and not (_is_int(data[name]) and data[name] >= (1 if name == "generation" else 0)):
+            if name in data and not (is_int(data[name]) and data[name] >= (1 if name == "generation" else 0)):
                 raise RecordInvalid(f"{name} is {data[name]!r}, not a whole number in range")
         for name in ("since", "not_before"):
-            if name in data and not _is_finite(data[name]):
+            if name in data and not is_finite(data[name]):
                 raise RecordInvalid(f"{name} is {data[name]!r}, not a time")
         for name in ("reason", "detected_by"):
             if name in data and not isinstance(data[name], str):
@@ -93,11 +93,13 @@ class Slot:
         return cls.parse(kv.value)
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """A whole number as JSON gives it (not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_finite(value: Any) -> bool:
+def is_finite(value: Any) -> bool:
+    """A finite number as JSON gives it (not a bool, NaN or infinity)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -242,4 +244,4 @@ def gone_time(value: bytes) -> float | None:
         when = json.loads(value)["time"]
     except (ValueError, KeyError, TypeError):
         return None
-    return float(when) if _is_finite(when) else None
+    return float(when) if is_finite(when) else None

@@ -43,6 +43,7 @@ from .actions import (
     LookAtPromotion,
     MarkHealthy,
     NoteDetected,
+    NoteFailure,
     NoteFences,
     NoteLaunched,
     NoteLockReplaced,
@@ -78,7 +79,7 @@ from .etcd_client import Etcd, EtcdError
 from .events import EventLog
 from .failure_notices import FailureNotice, Notifier
 from .lock import try_acquire
-from .memory import Canary, DriverMemory, LocalRank, NodeMemory, PromotionSeen, Start, Teardown
+from .memory import Canary, DriverMemory, KnownFailure, LocalRank, NodeMemory, PromotionSeen, Start, Teardown
 from .observe import LeaderProbe, StartCheck, rank_alive
 from .proc import alive, kill_cgroup, systemctl
 from .view import DeploymentView, Now
@@ -149,7 +150,7 @@ class Executor:
             if self.notifier is not None and key not in self.noticed:
                 self.noticed.add(key)
                 self.notifier.send(FailureNotice(self.plan.deployment, action.cohort, action.generation,
-                                                 action.reason, self.host, time.time()))
+                                                 action.reason, self.host, time.time(), action.evidence))
 
     def report_fault(self, fault: ReportFault) -> None:
         key = (fault.event, fault.cohort, fault.error)
@@ -203,6 +204,8 @@ class Executor:
                               slot_generation=action.slot_generation, slot_state=action.slot_state)
         elif isinstance(action, NoteDetected):
             self.node.detected_at.setdefault((action.cohort, action.generation), action.when)
+        elif isinstance(action, NoteFailure):
+            self.know(action.cohort, action.failure)
         elif isinstance(action, MarkHealthy):
             rank = self.node.ranks.get(action.cohort)
             if rank is not None:
@@ -235,8 +238,16 @@ class Executor:
             self.perform_driver(action)
 
     # --- a node's ranks ----------------------------------------------------------------------------------------
+    def know(self, cohort: int, failure: KnownFailure) -> None:
+        """Remember a generation's failure; the first known of a generation stays (its first cause)."""
+        known = self.node.known_failures.get(cohort)
+        if known is None or known.generation != failure.generation:
+            self.node.known_failures[cohort] = failure
+
     def declare(self, action: Declare) -> None:
         key = (action.cohort, action.generation)  # told to the other agents already (tell)
+        self.know(action.cohort, KnownFailure(action.generation, action.reason, action.evidence, None,
+                                              time.monotonic()))
         if self.node.etcd_lost_since is not None:  # no etcd: the next view after it returns shows what to declare
             if key not in self.node.declare_errors:
                 self.node.declare_errors.add(key)

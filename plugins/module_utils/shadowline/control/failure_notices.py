@@ -24,16 +24,17 @@ from __future__ import annotations
 
 import http.client
 import json
-import math
 import queue
+import ssl
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from ..deployment.pki import common_name
 from ..deployment.plan import Plan
-from .access import agent_url, client_context, host_tls_files
-from .coordination import FAILED, Slot
+from .access import agent_client_context, agent_url
+from .coordination import FAILED, Slot, is_finite, is_int
 from .http import KeptConnections
 from .metrics_server import NOTICE_PATH, Peer
 from .wakeup import drain, wake
@@ -43,6 +44,8 @@ SEND_TIMEOUT_S = 1.0  # a notice not answered by then is left to etcd
 WARM_S = 20.0  # each sender asks its peer's /health this often, keeping its connection open and handshaken
 RETRY_S = 2.0  # after a failed warm-up (the peer's agent not up yet): try again this soon
 PEER_IDLE_S = 60.0  # the endpoint keeps a node's connection open this long without a request (others: 5 s)
+EVIDENCE_TEXT = 400  # a text of the declaration's evidence is sent cut to this many characters (the body's limit)
+EVIDENCE_FIELDS = 16
 SCHEMA = 1
 
 
@@ -63,9 +66,13 @@ class FailureNotice:
     reason: str
     host: str  # the declaring node
     since: float  # wall clock, when it declared
+    # what the declaration names (Declare.evidence: the signal, the culprit node and rank, what was seen), so that
+    # a node that has to write the declaration for it (node_duties.declare_missing) writes the same one
+    evidence: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> bytes:
-        return json.dumps({"schema": SCHEMA, **asdict(self)}, sort_keys=True).encode()
+        evidence = {k: v[:EVIDENCE_TEXT] if isinstance(v, str) else v for k, v in self.evidence.items()}
+        return json.dumps({"schema": SCHEMA, **asdict(self), "evidence": evidence}, sort_keys=True).encode()
 
     def slot(self) -> Slot:
         """The failed slot record the declaration writes to etcd, as far as a teardown needs it."""
@@ -81,20 +88,37 @@ class FailureNotice:
             raise NoticeRefused(400, f"not JSON ({err})") from None
         if not isinstance(data, dict) or data.pop("schema", None) != SCHEMA:
             raise NoticeRefused(400, f"not a failure notice of schema {SCHEMA}")
-        names = {"deployment", "cohort", "generation", "reason", "host", "since"}
+        names = {"deployment", "cohort", "generation", "reason", "host", "since", "evidence"}
         if set(data) != names:
             raise NoticeRefused(400, f"fields {sorted(data)}, not {sorted(names)}")
         for name in ("cohort", "generation"):
             value = data[name]
-            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "generation" else 0):
+            if not is_int(value) or value < (1 if name == "generation" else 0):
                 raise NoticeRefused(400, f"{name} is {value!r}, not a whole number in range")
         for name in ("deployment", "reason", "host"):
             if not isinstance(data[name], str) or not 0 < len(data[name]) <= 200:
                 raise NoticeRefused(400, f"{name} is not a short text")
-        since = data["since"]
-        if not isinstance(since, (int, float)) or isinstance(since, bool) or not math.isfinite(since):
-            raise NoticeRefused(400, f"since is {since!r}, not a time")
+        if not is_finite(data["since"]):
+            raise NoticeRefused(400, f"since is {data['since']!r}, not a time")
+        if not evidence_ok(data["evidence"]):
+            raise NoticeRefused(400, f"evidence is not an object of at most {EVIDENCE_FIELDS} short named texts "
+                                     f"or numbers")
         return cls(**data)
+
+
+def evidence_ok(evidence: Any) -> bool:
+    """A declaration's evidence as a notice may carry it: named short texts, finite numbers, booleans, nulls."""
+    if not isinstance(evidence, dict) or len(evidence) > EVIDENCE_FIELDS:
+        return False
+    for name, value in evidence.items():
+        if not 0 < len(name) <= 40:
+            return False
+        if isinstance(value, str):
+            if len(value) > EVIDENCE_TEXT:
+                return False
+        elif not (value is None or isinstance(value, bool) or is_finite(value)):
+            return False
+    return True
 
 
 def sender_node(plan: Plan, peer: Peer) -> str | None:
@@ -157,8 +181,7 @@ class Notifier:
     """Sends each failure notice to every other node's agent, from a thread per peer (the loop never waits)."""
 
     def __init__(self, plan: Plan, host: str, wake_fd: int) -> None:
-        files = host_tls_files(plan)
-        context = client_context(files["ca"], files["cert"], files["key"]) if files else None
+        context = agent_client_context(plan)
         self.links = [PeerLink(peer, agent_url(plan, peer), context, self) for peer in plan.hosts if peer != host]
         self.wake_fd = wake_fd
         self.unsent: queue.Queue[tuple[str, str]] = queue.Queue()  # (peer, why), for the event log
@@ -183,10 +206,10 @@ class Notifier:
 class PeerLink:
     """One peer's sender: a kept connection, warmed every WARM_S, and the notices queued for it."""
 
-    def __init__(self, peer: str, origin: str, context: object, notifier: Notifier) -> None:
+    def __init__(self, peer: str, origin: str, context: ssl.SSLContext | None, notifier: Notifier) -> None:
         self.peer = peer
         self.origin = origin
-        self.connections = KeptConnections(context)  # type: ignore[arg-type]
+        self.connections = KeptConnections(context)
         self.notifier = notifier
         self.queue: queue.Queue[FailureNotice] = queue.Queue()
 

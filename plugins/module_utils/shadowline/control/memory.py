@@ -57,6 +57,19 @@ class Teardown:
     reported: bool = False  # ranks-not-gone written
 
 
+@dataclass(frozen=True)
+class KnownFailure:
+    """A generation this node knows has failed before etcd shows it: declared here, or told by the agent that
+    declared it (a failure notice). Should etcd still show it running once this node's rank of it is gone (the
+    declaration was not written: etcd was away, or the declaring agent died before its write), it is declared
+    again with its own reason and evidence, not as rank-missing: the rank is missing because of it."""
+    generation: int
+    reason: str
+    evidence: dict[str, Any]
+    told_by: str | None  # the node whose agent declared it and told this one; None: declared here
+    at: float  # monotonic: when this node learnt of it
+
+
 @dataclass
 class NodeMemory:
     ranks: dict[int, LocalRank] = field(default_factory=dict)  # cohort -> this node's rank
@@ -65,6 +78,7 @@ class NodeMemory:
     confirmed: set[tuple[int, int]] = field(default_factory=set)  # (cohort, generation) recorded gone by us
     detected_at: dict[tuple[int, int], float] = field(default_factory=dict)  # (cohort, generation) -> declared (unix)
     declare_errors: set[tuple[int, int]] = field(default_factory=set)
+    known_failures: dict[int, KnownFailure] = field(default_factory=dict)  # cohort -> its latest known failure
     etcd_lost_since: float | None = None  # monotonic; None while etcd answers
     reported_invalid: set[tuple[str, int]] = field(default_factory=set)  # (key, revision) of records reported
     fence: dict[str, Any] | None = None  # this node's fence record, once a GPU fault took its GPU out of service

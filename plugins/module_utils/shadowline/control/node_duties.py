@@ -8,8 +8,9 @@ the hot path); a hung leader (/health) or a stalled generation (vLLM's progress 
 generation; the ranks follow the slot records (launch a new
 generation, retire a leftover, abandon a start that was superseded, confirm a teardown only once the rank's
 cgroup is empty). Generations are fencing tokens: a rank is only started into a generation whose slot is
-launching; a running generation with this node's rank missing (it died while nobody watched) is declared failed
-(rank-missing), never completed by starting the one rank alone.
+launching; a running generation with this node's rank missing is declared failed, never completed by starting the
+one rank alone: with the failure this node knows was its cause (declared here, or told by another node's notice),
+else as rank-missing (it died while nobody watched).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .actions import (
     LaunchFailed,
     MarkHealthy,
     NoteDetected,
+    NoteFailure,
     NoteProgress,
     ProbeLeader,
     Record,
@@ -48,7 +50,7 @@ from .actions import (
 from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
 from .failure_notices import FailureNotice
 from .gpu_health import GpuFault
-from .memory import LocalRank, NodeMemory, Start
+from .memory import KnownFailure, LocalRank, NodeMemory, Start
 from .observe import HealthAnswer, UnitState
 from .policy import GENERATION_STALLED, GPU_FAULT, GPU_XID, HangPolicy, silence
 from .progress import ProgressSample
@@ -62,6 +64,8 @@ CLOCK_SKEW_S = 1.0  # between nodes' clocks: an adopted rank started this much b
 # still counted as of that generation (NTP keeps cluster clocks far closer); earlier, it is a leftover
 NOT_GONE_REPORT_S = 1.0  # a killed rank's cgroup still not empty after this long: say so (once)
 PROGRESS_TIMEOUT_S = 0.5  # how long a /metrics read may take
+RELAY_AFTER_S = 1.0  # a failure another node's agent told this one of, still not in etcd this long after: written
+# here (node_duties.declare_missing); the declaring agent's own write normally lands within milliseconds
 
 
 # --- decisions ----------------------------------------------------------------------------------------------------
@@ -90,14 +94,16 @@ def slot_failed(slot: Slot, memory: NodeMemory, failover: Failover, via: str = "
             TearDown(rank, slot.since, teardown_grace(slot, failover))]
 
 
-def notice_failed(notice: FailureNotice, memory: NodeMemory, failover: Failover) -> list[Action]:
+def notice_failed(notice: FailureNotice, memory: NodeMemory, failover: Failover, now: Now) -> list[Action]:
     """Another node's agent declared a generation failed and told this one directly (failure_notices.py): tear
     this node's rank down at once if it runs exactly that generation (else the notice is not about it: a newer
-    generation runs here, or none). The declaration in etcd follows and finds the rank gone."""
+    generation runs here, or none), and remember the failure (declare_missing). The declaration in etcd follows
+    and finds the rank gone."""
     rank = memory.ranks.get(notice.cohort)
     if rank is None or rank.generation != notice.generation:
         return []
-    return slot_failed(notice.slot(), memory, failover, via="notice")
+    known = KnownFailure(notice.generation, notice.reason, notice.evidence, notice.host, now.mono)
+    return [NoteFailure(notice.cohort, known), *slot_failed(notice.slot(), memory, failover, via="notice")]
 
 
 def settle_failed(slot: Slot, memory: NodeMemory, failover: Failover, now: Now,
@@ -146,20 +152,41 @@ def retire_leftover(slot: Slot, memory: NodeMemory, failover: Failover, now: Now
 
 def launch_due(slot: Slot, memory: NodeMemory, now: Now) -> list[Action]:
     """No rank of the slot here. Launching: start it once its not_before has come, else wake then. Running: this
-    node's rank of the running generation is missing (it died while the agent was down or etcd was away):
-    the generation has failed (rank-missing); starting the one rank alone would make a mixed generation."""
+    node's rank of the running generation is missing (torn down by a failure etcd does not show yet, or it died
+    while the agent was down or etcd was away): the generation has failed (declare_missing); starting the one
+    rank alone would make a mixed generation."""
     cohort = slot.cohort
     if slot.state not in (LAUNCHING, RUNNING) or cohort in memory.ranks:
         return []
     if cohort in memory.starting or cohort in memory.terminating:
         return []
     if slot.state == RUNNING:
-        return [Record("rank-missing", cohort, slot.generation,
-                       {"detail": "this node's rank of the running generation is not running"}),
-                Declare(cohort, slot.generation, "rank-missing")]
+        return declare_missing(slot, memory.known_failures.get(cohort), now)
     if now.wall >= slot.not_before:
         return [NoteDetected(cohort, slot.generation - 1, slot.since), Launch(cohort, slot.generation)]
     return [WakeAt(now.mono + slot.not_before - now.wall, full=True)]
+
+
+def declare_missing(slot: Slot, known: KnownFailure | None, now: Now) -> list[Action]:
+    """This node's rank of the running generation is missing. A failure of that generation this node knows of is
+    its cause, declared with its own reason and evidence: at once when it was declared here (that write did not
+    land: etcd was away); RELAY_AFTER_S after another node's agent told this one it declared it (its own write
+    comes first, in milliseconds; a node whose teardown from the notice ended first must not write a
+    rank-missing of its own before it). Else the rank died while nobody watched: rank-missing."""
+    if known is None or known.generation != slot.generation:
+        return [Record("rank-missing", slot.cohort, slot.generation,
+                       {"detail": "this node's rank of the running generation is not running"}),
+                Declare(slot.cohort, slot.generation, "rank-missing")]
+    if known.told_by is None:
+        return [Declare(slot.cohort, slot.generation, known.reason, known.evidence)]
+    relay_at = known.at + RELAY_AFTER_S
+    if now.mono < relay_at:
+        return [WakeAt(relay_at, full=True)]
+    detail = (f"{known.told_by} declared it failed and told this node, but etcd still shows it running "
+              f"{now.mono - known.at:.1f} s later")
+    return [Record("declaration-relayed", slot.cohort, slot.generation,
+                   {"reason": known.reason, "by": known.told_by, "detail": detail}),
+            Declare(slot.cohort, slot.generation, known.reason, {**known.evidence, "declared_by": known.told_by})]
 
 
 def adopted_generation(rank: LocalRank, slot: Slot | None) -> int:
@@ -370,7 +397,7 @@ class NodeDuties:
     def on_notices(self, notices: list[FailureNotice]) -> None:
         """The other hot path: tear down at once what another node's agent declared and told this one."""
         for notice in notices:
-            self.execute(notice_failed(notice, self.memory, self.failover))
+            self.execute(notice_failed(notice, self.memory, self.failover, Now.read()))
 
     def on_rank_exit(self, cohort: int, now: Now) -> None:
         rank = self.memory.ranks.get(cohort)
