@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,8 +21,10 @@ from shadowline.control.coordination import RUNNING, Coordination, Keys, Slot
 from shadowline.control.etcd_client import Etcd
 from shadowline.control.events import EventLog
 from shadowline.control.executor import Executor, Schedule
+from shadowline.control.failure_notices import Notifier
+from shadowline.control.gpu_health import GpuFault, classify
 from shadowline.control.memory import LocalRank, NodeMemory
-from shadowline.control.node_duties import rank_exited, teardowns_due
+from shadowline.control.node_duties import gpu_faults, rank_exited, teardowns_due
 from shadowline.control.observe import rank_alive
 from shadowline.control.proc import alive
 from shadowline.control.view import Now
@@ -154,3 +157,50 @@ def test_the_declaration_does_not_wait_for_the_killed_processes_to_end(tmp_path:
             process.wait(timeout=10)
         freezer.rmdir()
         unit_cgroup.rmdir()
+
+
+def test_every_notice_of_a_gpu_fault_is_sent_before_its_first_compare_and_swap(tmp_path: Path):
+    """A GPU fault fails every cohort on the GPU at once. Its failure notices all go out before the first
+    declaration's compare-and-swap in etcd: sent one per declaration, the second cohort's notice waited for the
+    first cohort's etcd write, and meanwhile the other nodes had killed the serving leader (freeing the failover
+    lock) while this node's parked shadow on the faulty GPU still ran, free to take the lock (CI: the
+    gpu-xid-fatal drill left a second worker registered). Here with a real etcd and the agent's real notifier,
+    its sender threads not started so that the notices wait in their queues: each notice's time is when it was
+    sent, each failed slot's time when its compare-and-swap was written."""
+    if not os.path.exists(ETCD):
+        pytest.skip("no etcd binary")
+    plan, hosts = two_nodes(tmp_path)
+    server = start_etcd(tmp_path)
+    sleepers = [subprocess.Popen(["sleep", "60"]) for cohort in (0, 1)]  # the node's two ranks, on the faulty GPU
+    try:
+        etcd = Etcd(server.url)
+        coord = Coordination(etcd, plan.deployment)
+        ranks = []
+        for cohort, process in enumerate(sleepers):
+            assert coord.create_slot(Slot(cohort, 3, RUNNING))
+            ranks.append(LocalRank(cohort=cohort, generation=3, unit=plan.unit_name("engine", cohort),
+                                   pid=process.pid, pidfd=None, cgroup=None, leader=False, started=time.time(),
+                                   node=hosts[0], node_rank=0))
+        node = NodeMemory(ranks={r.cohort: r for r in ranks})
+        notifier = Notifier(plan, hosts[0], os.open(os.devnull, os.O_WRONLY))
+        executor = Executor(plan, hosts[0], etcd, EventLog(str(tmp_path / "events.jsonl"), hosts[0], journal=None),
+                            AgentMetrics(plan.deployment, hosts[0], [0, 1]), node, None, Schedule(),
+                            os.open(os.devnull, os.O_WRONLY), notifier)
+        action, detail = classify(79)
+        fault = GpuFault("GPU-0", "0000:3b:00", 79, action, detail, "fake", time.time())
+        executor(gpu_faults([fault], node, None, hosts[0], plan.failover, Now.read()))
+        (link,) = notifier.links
+        sent = [link.queue.get_nowait(), link.queue.get_nowait()]
+        assert [(n.cohort, n.reason) for n in sent] == [(0, "gpu-fault"), (1, "gpu-fault")]
+        written = [coord.slot(cohort)[0] for cohort in (0, 1)]
+        assert all(s is not None and s.state == "failed" for s in written), written
+        first_write = min(s.since for s in written if s is not None)
+        assert max(n.since for n in sent) <= first_write, (
+            f"a notice was sent {max(n.since for n in sent) - first_write:.6f} s after the first compare-and-swap")
+        assert [p.wait(timeout=5) for p in sleepers] == [-signal.SIGKILL] * 2  # killed before any etcd write too
+    finally:
+        for process in sleepers:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        server.stop()
