@@ -420,6 +420,21 @@ def test_an_unanswered_canary_declares_the_serving_generation_and_names_it():
     assert watch_idle_serving(view(slot(0, 1)), waiting, idle_leader(), HANG, FAILOVER, NOW) == []
 
 
+def test_an_unanswered_canary_leaves_a_leader_silent_on_health_to_its_health_verdict():
+    """hang-leader with both timeouts alike (the drills'): the frozen leader's /health and the canary go silent
+    together; the declaration is the health signal's (leader-hung, judge_rank), not a race the canary may win."""
+    sent = NOW.mono - 3.2  # unanswered: progress_stall_s 3
+    for last_200, verdict in ((NOW.mono - 0.1, True), (NOW.mono - 1.4, True), (NOW.mono - 1.6, False),
+                              (NOW.mono - 3.9, False), (NOW.mono - 4.1, True)):
+        leader = memory(rank(0, 1, healthy_at=last_200, progress=Observation(70.0, NOW.mono, False)))
+        actions = watch_idle_serving(view(slot(0, 1)), DriverMemory(serving=0, canary=Canary(0, 1, sent, 70.0)),
+                                     leader, HANG, FAILOVER, NOW)
+        # answering /health (silent under half health_timeout_s 3): the canary's; silent for longer: left to the
+        # health verdict until HEALTH_VERDICT_S past its deadline, when the canary declares after all
+        assert [type(a).__name__ for a in actions] == (["EndCanary", "Declare"] if verdict else []), (last_200, actions)
+        assert not verdict or actions[1].reason == "canary-unanswered"
+
+
 def test_a_canary_is_no_verdict_when_tokens_moved_it_failed_or_serving_changed():
     slow = DriverMemory(serving=0, canary=Canary(0, 1, NOW.mono - 3.2, 70.0))
     assert watch_idle_serving(view(slot(0, 1)), slow, idle_leader(tokens=71.0), HANG, FAILOVER, NOW) == [EndCanary()]

@@ -59,10 +59,11 @@ def two_nodes(tmp_path: Path) -> tuple[Plan, list[str]]:
     return build_plan(contract, state_dir=str(tmp_path / "state"), config_dir=str(tmp_path / "config")), hosts
 
 
-def node_executor(plan: Plan, host: str, etcd: Etcd, events: EventLog, node: NodeMemory, cohort: int) -> Executor:
+def node_executor(plan: Plan, host: str, etcd: Etcd, events: EventLog, node: NodeMemory, cohort: int,
+                  notifier: Notifier | None = None) -> Executor:
     """The executor of a node agent (no driver) on ``host``, as the agent builds it."""
     return Executor(plan, host, etcd, events, AgentMetrics(plan.deployment, host, [cohort]), node, None, Schedule(),
-                    os.open(os.devnull, os.O_WRONLY))
+                    os.open(os.devnull, os.O_WRONLY), notifier)
 
 
 def test_a_dead_rank_is_declared_and_confirmed_before_its_unit_is_stopped(
@@ -183,9 +184,8 @@ def test_every_notice_of_a_gpu_fault_is_sent_before_its_first_compare_and_swap(t
                                    node=hosts[0], node_rank=0))
         node = NodeMemory(ranks={r.cohort: r for r in ranks})
         notifier = Notifier(plan, hosts[0], os.open(os.devnull, os.O_WRONLY))
-        executor = Executor(plan, hosts[0], etcd, EventLog(str(tmp_path / "events.jsonl"), hosts[0], journal=None),
-                            AgentMetrics(plan.deployment, hosts[0], [0, 1]), node, None, Schedule(),
-                            os.open(os.devnull, os.O_WRONLY), notifier)
+        executor = node_executor(plan, hosts[0], etcd, EventLog(str(tmp_path / "events.jsonl"), hosts[0], journal=None),
+                                 node, 0, notifier)
         action, detail = classify(79)
         fault = GpuFault("GPU-0", "0000:3b:00", 79, action, detail, "fake", time.time())
         executor(gpu_faults([fault], node, None, hosts[0], plan.failover, Now.read()))

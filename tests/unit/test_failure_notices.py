@@ -19,6 +19,7 @@ from shadowline.control import metrics_server
 from shadowline.control.access import agent_server_context, client_context
 from shadowline.control.actions import Declare, NoteDetected, NoteFailure, Record, TearDown, WakeAt
 from shadowline.control.coordination import RUNNING
+from shadowline.control.events import EventLog
 from shadowline.control.failure_notices import (
     EVIDENCE_TEXT,
     MAX_AGE_S,
@@ -34,10 +35,12 @@ from shadowline.control.http import KeptConnections
 from shadowline.control.memory import KnownFailure
 from shadowline.control.metrics_server import Peer
 from shadowline.control.node_duties import RELAY_AFTER_S, launch_due, notice_failed
+from shadowline.control.view import DeploymentView, SlotEntry
 from shadowline.deployment.pki import common_name, ensure_pki
 from shadowline.deployment.plan import Plan
 
 from .test_agent_node import FAILOVER, NOW, at, kinds, memory, rank, slot
+from .test_executor_order import node_executor
 from .test_plan import plan_for
 
 ADDRESSES = {"node0": "127.0.0.1", "node1": "127.0.0.2"}
@@ -154,6 +157,26 @@ def test_a_rank_torn_down_by_a_notice_is_not_declared_missing_before_the_declari
     # a newer generation running: the notice was about an older one, this rank is missing for no known reason
     newer = slot(1, 4, RUNNING, not_before=0.0)
     assert kinds(launch_due(newer, node, NOW)) == ["Record:rank-missing", "Declare"]
+
+
+def test_the_relays_wake_up_reconciles_the_latest_view_though_the_feed_brings_none(tmp_path: Path):
+    """The relay is a decision of the clock: etcd may bring no news for a while (a node's feed reads it every
+    SYNC_S, 1 s). The wake-up the relay asks for (WakeAt full) makes the loop reconcile the latest view at
+    RELAY_AFTER_S, once; it used to move only the next metrics sync, and the declaration waited for the feed."""
+    executor = node_executor(plan_for(2), "node0", None, EventLog(str(tmp_path / "events.jsonl"), "node0",
+                                                                  journal=None), memory(), 1)
+    schedule = executor.schedule
+    latest = DeploymentView(slots={1: SlotEntry(slot(1, 3, RUNNING, not_before=0.0), 11)})
+    assert schedule.view_to_reconcile(None, latest, NOW.mono) is None  # nothing due, no news: nothing
+    executor([WakeAt(NOW.mono + RELAY_AFTER_S, full=True)])
+    assert schedule.view_to_reconcile(None, latest, NOW.mono + RELAY_AFTER_S - 0.01) is None
+    assert schedule.view_to_reconcile(None, latest, NOW.mono + RELAY_AFTER_S) is latest
+    assert schedule.view_to_reconcile(None, latest, NOW.mono + RELAY_AFTER_S + 0.05) is None  # spent
+    newer = DeploymentView(revision=12)
+    assert schedule.view_to_reconcile(newer, latest, NOW.mono) is newer  # news is reconciled whenever it comes
+    executor([WakeAt(NOW.mono + 0.3, full=True), WakeAt(NOW.mono + 0.2, full=True)])
+    assert schedule.view_to_reconcile(newer, latest, NOW.mono) is newer  # a reconcile spends it: it asks again
+    assert schedule.view_to_reconcile(None, latest, NOW.mono + 0.5) is None
 
 
 def test_a_failure_declared_here_that_etcd_did_not_take_is_declared_again_with_its_cause_at_once():

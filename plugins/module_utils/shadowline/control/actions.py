@@ -38,7 +38,7 @@ class ReportFault:
 class WakeAt:
     """Look again at this monotonic time (a health deadline, a delayed launch), not a period later."""
     mono: float
-    full: bool = False  # also re-read the deployment (a delayed launch), not only check health
+    full: bool = False  # reconcile the latest view then (a delayed launch, a relay), not only check health
 
 
 # --- a node's ranks --------------------------------------------------------------------------------------------

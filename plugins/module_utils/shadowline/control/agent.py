@@ -136,8 +136,10 @@ class Agent:
             self.node.track_starts(now)
         if self.memory.terminating:
             self.node.finish_teardowns(now)
+        view = self.schedule.view_to_reconcile(news.view, self.view, now.mono)
+        if view is not None:
+            self.node.reconcile(view, now)
         if news.view is not None:
-            self.node.reconcile(news.view, now)
             self.metrics.show_view(news.view)
         if now.mono >= self.schedule.next_sync:
             self.schedule.next_sync = now.mono + SYNC_S

@@ -54,7 +54,7 @@ from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
 from .lock import parse_holder
 from .lock_identity import LockSeen, lock_seen
 from .memory import Canary, DriverMemory, NodeMemory, Promotion, PromotionSeen
-from .policy import CANARY_UNANSWERED, NODE_FENCED, HangPolicy, RelaunchPolicy
+from .policy import CANARY_UNANSWERED, NODE_FENCED, HangPolicy, RelaunchPolicy, silence
 from .proc import cgroup_pids
 from .view import DeploymentView, Now
 
@@ -429,9 +429,11 @@ def watch_idle_serving(view: DeploymentView, driver: DriverMemory, node: NodeMem
 def judge_canary(canary: Canary, view: DeploymentView, driver: DriverMemory, node: NodeMemory, hang: HangPolicy,
                  now: Now) -> list[Action]:
     """A canary with no answer when HangPolicy says it waited too long (progress_stall_s), the leader's token
-    counter not moved since, declares the serving generation failed (canary-unanswered). An answer that is an
-    error (no worker registered, a routing failure, the frontend itself silent: executor.probe asks its /live
-    first) is recorded, never declared: it says nothing of the engine."""
+    counter not moved since and the leader still answering its /health, declares the serving generation failed
+    (canary-unanswered); a leader silent on /health too is left to its health verdict (leader-hung, the more
+    exact name: HangPolicy.health_verdict_pending). An answer that is an error (no worker registered, a routing
+    failure, the frontend itself silent: executor.probe asks its /live first) is recorded, never declared: it
+    says nothing of the engine."""
     slot = view.slot(canary.cohort)
     if (driver.serving != canary.cohort or driver.promotion is not None or slot is None
             or slot.generation != canary.generation or slot.state != RUNNING):
@@ -448,6 +450,8 @@ def judge_canary(canary: Canary, view: DeploymentView, driver: DriverMemory, nod
     tokens = rank.progress.tokens if rank is not None and rank.progress is not None else None
     if tokens is not None and canary.tokens is not None and tokens > canary.tokens:
         return [EndCanary()]  # the engine generates: a slow answer, not a hang
+    if rank is not None and rank.leader and hang.health_verdict_pending(silence(rank.healthy_at, 0.0, now.mono)):
+        return []  # the leader itself gives no 200 from /health: judge_rank names it (leader-hung) at its deadline
     detail = (f"a one-token canary completion to the idle serving cohort had no answer for {waited:.1f} s "
               f"(progress_stall_s {hang.progress_stall_s:g}), the token counter still")
     evidence = rank.culprit("canary", detail) if rank is not None else {"signal": "canary", "evidence": detail}

@@ -4,6 +4,7 @@ etcd compare-and-swaps, the event log and metrics, the agent's memory. The only 
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import signal
@@ -93,9 +94,22 @@ LAUNCH_ASK_S = 10.0  # an abandoned start waits at most this long for its start 
 
 @dataclass
 class Schedule:
-    """When the loop next re-reads the deployment (sync) and next checks health and drives (check), monotonic."""
+    """When the loop next shows the node's metrics (sync), next checks health and drives (check), and next
+    reconciles the latest view although the feed brought none (reconcile: a full WakeAt), monotonic."""
     next_sync: float = 0.0
     next_check: float = 0.0
+    next_reconcile: float = math.inf
+
+    def view_to_reconcile(self, new: DeploymentView | None, latest: DeploymentView | None,
+                          now: float) -> DeploymentView | None:
+        """The view this tick reconciles: a new one from the feed, else the latest again once a full wake-up is
+        due (a delayed launch's not_before, a relayed declaration: decisions of the clock, not of etcd, which
+        may bring no news for a while); None: nothing to reconcile. Either way a pending wake-up is spent: the
+        reconcile asks for the next one if it still waits."""
+        if new is None and (latest is None or now < self.next_reconcile):
+            return None
+        self.next_reconcile = math.inf
+        return new if new is not None else latest
 
 
 @dataclass(frozen=True)
@@ -166,7 +180,7 @@ class Executor:
             self.report_fault(action)
         elif isinstance(action, WakeAt):
             if action.full:
-                self.schedule.next_sync = min(self.schedule.next_sync, action.mono)
+                self.schedule.next_reconcile = min(self.schedule.next_reconcile, action.mono)
             else:
                 self.schedule.next_check = min(self.schedule.next_check, action.mono)
         elif isinstance(action, Declare):

@@ -49,6 +49,8 @@ GPU_XID = "gpu-xid"  # an Xid the catalog resolves by restarting the application
 GPU_FAULT = "gpu-fault"  # the GPU needs a reset or the node service: the node is fenced
 NODE_FENCED = "node-fenced"  # a slot held dead while a node is fenced (relaunched by itself after the unfence)
 
+HEALTH_VERDICT_S = 1.0  # past a leader's health deadline: its probe's end, the declaration's write, the view back
+
 
 def silence(last_sign: float | None, started: float, now: float) -> float | None:
     """Seconds since a rank last showed it is alive (``last_sign``: a 200 from its /health), or None when it has
@@ -94,6 +96,16 @@ class HangPolicy:
         """A canary completion sent to an idle serving cohort that has given no token for this long: an idle
         hang (the token counter cannot show it: nothing was running)."""
         return waited_s > self.progress_stall_s
+
+    def health_verdict_pending(self, health_silent_s: float | None) -> bool:
+        """A leader whose /health has given no 200 for at least half health_timeout_s (``health_silent_s``, as
+        ``silence`` says it; None: not judged) and whose health verdict, leader-hung at its deadline, has not had
+        time to land yet (HEALTH_VERDICT_S past it). Its hang is the health signal's to name: the leader itself
+        does not answer. An unanswered canary waits for that verdict rather than racing it under a vaguer name
+        (it would, with both timeouts alike, as the drills set them; by default /health's 2 s comes long before
+        the 60 s stall)."""
+        return (health_silent_s is not None
+                and self.health_timeout_s / 2 <= health_silent_s < self.health_timeout_s + HEALTH_VERDICT_S)
 
     def health_deadline(self, last_healthy: float) -> float:
         """When a leader last healthy at ``last_healthy`` counts as hung if nothing healthy comes meanwhile."""
