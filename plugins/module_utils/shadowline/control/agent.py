@@ -44,15 +44,15 @@ from .executor import ERROR_REPORT_S, Executor, Schedule
 from .failure_notices import PEER_IDLE_S, Inbox, Notifier, sender_node
 from .feed import EtcdFeed, FeedNews
 from .gpu_watch import GpuWatch
-from .memory import DriverMemory, NodeMemory
+from .memory import DriverMemory, NodeMemory, Teardown
 from .metrics_server import serve
 from .node_duties import NodeDuties
-from .proc import argv_process, pidfd_open, unit_properties
+from .proc import argv_process, cgroup_events, cgroup_populated, pidfd_open, unit_properties
 from .systemd_notify import SystemdNotifier
 from .view import DeploymentView, Now
 
 TICK_S = 0.05  # how often the loop looks at the lock and the teardowns when nothing wakes it
-TEARDOWN_TICK_S = 0.005  # while a teardown waits for its cgroup to empty: "gone" is known within 5 ms of it
+TEARDOWN_TICK_S = 0.005  # a teardown whose cgroup's emptying cannot wake the loop (no cgroup.events) is read this often
 CHECK_S = 0.2  # how often it asks leaders' /health and (driver) drives
 SYNC_S = 1.0  # how often a node's feed reads the view even without a watch event (the driver's: every CHECK_S)
 STALLED_S = 5.0  # the metrics port's /health answers 503 when the loop has not ticked for this long
@@ -86,6 +86,7 @@ class Agent:
         self.gpu = GpuWatch(plan.engine.gpu_events, plan.state_dir, self.wake_w)
         self.view: DeploymentView | None = None  # the latest view the feed read
         self.gms_pidfd: int | None = None
+        self.cgroup_events: dict[int, int] = {}  # cohort -> its unit's cgroup.events, while its rank is torn down
         self.stopping = False
         self.systemd = SystemdNotifier()
         self.last_tick = time.monotonic()
@@ -101,7 +102,7 @@ class Agent:
                           adopted={c: r.pid for c, r in self.memory.ranks.items()})
         self.systemd.ready(f"watching {len(self.memory.ranks)} ranks")
         while not self.stopping:
-            exited, gms_exited = self.wait_for_wakeup(TEARDOWN_TICK_S if self.memory.terminating else TICK_S)
+            exited, gms_exited = self.wait_for_wakeup()
             try:
                 self.tick(exited, gms_exited)
             except Exception as err:  # noqa: BLE001 (one tick's error must never end the agent)
@@ -192,14 +193,17 @@ class Agent:
             self.events.write("tick-error", error=text, trace=traceback.format_exc(limit=8))
         time.sleep(TICK_S)  # an error every tick must not spin
 
-    def wait_for_wakeup(self, timeout: float) -> tuple[list[int], bool]:
-        """Block until a rank or the GMS server exits, the feed brings news, a probe answers, or the tick
-        passes; returns the cohorts whose rank exited, and whether the GMS server did. poll(), not select():
-        descriptor numbers above 1024 are fine."""
+    def wait_for_wakeup(self) -> tuple[list[int], bool]:
+        """Block until a rank or the GMS server exits, the feed brings news, a probe answers, a torn-down rank's
+        cgroup empties, or the tick passes; returns the cohorts whose rank exited, and whether the GMS server did.
+        poll(), not select(): descriptor numbers above 1024 are fine."""
+        emptying, timeout = self.watch_teardowns()
         fds = {r.pidfd: c for c, r in self.memory.ranks.items() if r.pidfd is not None}
         poller = select.poll()
         for fd in [*fds, self.wake_r] + ([self.gms_pidfd] if self.gms_pidfd is not None else []):
             poller.register(fd, select.POLLIN)
+        for fd in emptying:
+            poller.register(fd, select.POLLPRI)
         ready = {fd for fd, _events in poller.poll(timeout * 1000)}
         if self.wake_r in ready:
             os.read(self.wake_r, 4096)
@@ -208,6 +212,28 @@ class Agent:
             os.close(self.gms_pidfd)
             self.gms_pidfd = None
         return [fds[fd] for fd in ready if fd in fds], gms_exited
+
+    def watch_teardowns(self) -> tuple[list[int], float]:
+        """The cgroup.events descriptors of the ranks being torn down (opened as a teardown starts, closed as it
+        ends), each read to arm its next report, and how long the loop may wait (teardown_wait_s). The kernel
+        wakes the loop as a cgroup empties: no polling of every host's cgroups while their ranks end, on the
+        same CPUs as the processes that end."""
+        for cohort in [c for c in self.cgroup_events if c not in self.memory.terminating]:
+            os.close(self.cgroup_events.pop(cohort))
+        populated: dict[int, bool] = {}
+        for cohort, teardown in self.memory.terminating.items():
+            if cohort not in self.cgroup_events and teardown.rank.cgroup:
+                events = cgroup_events(teardown.rank.cgroup)
+                if events is not None:
+                    self.cgroup_events[cohort] = events
+            if cohort in self.cgroup_events:
+                answer = cgroup_populated(self.cgroup_events[cohort])
+                if answer is None:  # the cgroup was removed: read the cgroup itself from now on
+                    os.close(self.cgroup_events.pop(cohort))
+                else:
+                    populated[cohort] = answer
+        wait = teardown_wait_s(self.memory.terminating, populated, time.monotonic())
+        return list(self.cgroup_events.values()), wait
 
     def healthy(self) -> bool:
         return time.monotonic() - self.last_tick < STALLED_S
@@ -232,6 +258,20 @@ class Agent:
                 self.memory.ranks[cohort] = rank
                 if rank.cgroup:
                     self.memory.unit_cgroups[cohort] = rank.cgroup
+
+
+def teardown_wait_s(terminating: dict[int, Teardown], populated: dict[int, bool], now: float) -> float:
+    """How long the loop may wait for a wake-up: TICK_S, since the kernel wakes it as a torn-down rank's cgroup
+    empties (``populated``: cohort -> what its cgroup.events says, for those the loop watches); TEARDOWN_TICK_S
+    while a teardown is not watched (no cgroup.events: its cgroup is read every tick) or says it is empty already
+    (it emptied before the watch was armed: the tick confirms it); never past a teardown's kill_at (a grace's
+    end, a SIGKILL again)."""
+    wait = TICK_S
+    for cohort, teardown in terminating.items():
+        if populated.get(cohort) is not True:
+            wait = min(wait, TEARDOWN_TICK_S)
+        wait = min(wait, max(0.0, teardown.kill_at - now))
+    return wait
 
 
 def single_instance(path: str) -> int:

@@ -303,8 +303,8 @@ class Executor:
 
         Nothing here waits for the processes to end: a tick's declaration, which every other node's teardown
         waits for, comes right after the signal. The kernel may take a while to end what SIGKILL hit (a process with
-        GPU memory to release, or in an uninterruptible wait); the loop then looks every
-        TEARDOWN_TICK_S and confirms the rank gone once its cgroup is empty (teardowns_due)."""
+        GPU memory to release, or in an uninterruptible wait); the kernel wakes the loop as the unit's cgroup
+        empties (its cgroup.events: agent.watch_teardowns), which confirms the rank gone (teardowns_due)."""
         self.node.ranks.pop(rank.cohort, None)
         now = Now.read().mono
         if grace > 0 and rank.cgroup:

@@ -104,6 +104,32 @@ def kill_cgroup(cgroup: str, sig: int = signal.SIGKILL) -> int:
     return count
 
 
+CGROUP2_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")  # systemd's hybrid layout, then the unified one
+
+
+def cgroup_events(cgroup: str) -> int | None:
+    """A descriptor of the cgroup's ``cgroup.events`` (cgroup v2, its unified hierarchy), which poll() reports
+    (POLLPRI) when a value in it changes, such as ``populated`` going to 0 as the last process of the cgroup
+    and its children ends; None without one (cgroup v1 alone, or the cgroup is gone). Read it (cgroup_populated)
+    before each wait: a read arms the next report."""
+    for root in CGROUP2_ROOTS:
+        try:
+            return os.open(f"{root}{cgroup}/cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+    return None
+
+
+def cgroup_populated(events: int) -> bool | None:
+    """Does the cgroup of a ``cgroup.events`` descriptor (cgroup_events) still hold a process? None when it
+    cannot say: the cgroup was removed (its descriptor is no use any more)."""
+    try:
+        text = os.pread(events, 256, 0).decode("ascii", "replace")
+    except OSError:
+        return None
+    return "populated 1" in text.splitlines()
+
+
 def pidfd_open(pid: int) -> int | None:
     """A descriptor that becomes readable when ``pid`` exits (None if it is already gone)."""
     try:
