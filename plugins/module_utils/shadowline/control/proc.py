@@ -104,7 +104,7 @@ def kill_cgroup(cgroup: str, sig: int = signal.SIGKILL) -> int:
     return count
 
 
-CGROUP2_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")  # systemd's hybrid layout, then the unified one
+CGROUP2_ROOTS = CGROUP_ROOTS[1:]  # the unified hierarchies of CGROUP_ROOTS: systemd's hybrid layout, then cgroup v2's
 
 
 def cgroup_events(cgroup: str) -> int | None:
