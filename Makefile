@@ -10,7 +10,7 @@ NODES ?= 3
 INVENTORY ?= inventories/local
 
 .PHONY: help setup runtime demo test lint build preflight testbed-up testbed-down deploy status teardown clean \
-	drill bench-failover bench-client ee-context sanity verify-engine-args standin-image
+	drill bench-failover bench-client ee-context sanity verify-engine-args standin-image gpu-proof
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 22
@@ -62,6 +62,9 @@ standin-image: runtime ## the stand-in's runtime as a local OCI archive (build/s
 verify-engine-args: setup ## the real dynamo.vllm/vLLM parsers on every rendered engine command of the examples (scratch venv, minutes once)
 	$(BIN)/python scripts/verify-engine-args
 
+gpu-proof: ## what a GPU proves of the contract (OUT=build/gpu-proof; the machine's python3, no venv; docs/gpu-cluster.md)
+	env PATH="$(subst $(BIN):,,$(PATH))" python3 scripts/gpu-proof --out $(or $(OUT),build/gpu-proof) $(GPU_PROOF_ARGS)
+
 demo: runtime ## run the main job on the embedded default (root: boots a 2-host testbed)
 	scripts/demo
 
@@ -71,7 +74,7 @@ test: runtime ## run the whole suite (unit, testbed, end-to-end, molecule, lint,
 
 lint: setup ## ansible-lint (production profile) and a Python byte-compile check
 	$(BIN)/ansible-lint --profile production -q
-	$(BIN)/ruff check --quiet plugins testbed tests monitoring scripts/show-plan scripts/bench-failover scripts/bench-client scripts/verify-engine-args scripts/build-standin-image slurm/render slurm/drill
+	$(BIN)/ruff check --quiet plugins testbed tests monitoring scripts/show-plan scripts/bench-failover scripts/bench-client scripts/verify-engine-args scripts/build-standin-image scripts/gpu-proof slurm/render slurm/drill
 
 sanity: setup ## ansible-test sanity on the built collection (scripts/sanity; tests/sanity/ignore-2.19.txt)
 	scripts/sanity
