@@ -497,3 +497,190 @@ def test_the_gpu_branch_of_node_facts_and_events_against_stand_ins(tmp_path: Pat
     assert done.returncode == 1  # the driver stand-in lacks two of the agent's events: rows failed, as they should
     assert "row(s) failed" in done.stdout
     assert not list(Path(tempfile.gettempdir()).glob("gpu-proof-node-facts-*.jsonl"))
+
+
+# -- the shared-weights check's processes, against a stand-in of CUDA's virtual memory API ------------------------ #
+
+# cuda.bindings.driver's calls as the check makes them, over Linux's own shareable memory: an allocation is a
+# memfd, its exported handle a duplicate descriptor, an import another, a mapping an mmap. The kernel keeps a memfd
+# while any descriptor or mapping of it is open, as the driver keeps an allocation while any handle of it is.
+FAKE_CUDA_DRIVER = '''
+"""A stand-in of cuda.bindings.driver's virtual memory calls over memfd (tests/unit/test_gpu_proof.py)."""
+import ctypes
+import enum
+import mmap
+import os
+
+SPAN = 1 << 40
+
+
+class CUresult(enum.IntEnum):
+    CUDA_SUCCESS = 0
+    CUDA_ERROR_INVALID_VALUE = 1
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700
+
+
+class CUmemAllocationType(enum.IntEnum):
+    CU_MEM_ALLOCATION_TYPE_PINNED = 1
+
+
+class CUmemLocationType(enum.IntEnum):
+    CU_MEM_LOCATION_TYPE_DEVICE = 1
+
+
+class CUmemAllocationHandleType(enum.IntEnum):
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
+
+
+class CUmemAccess_flags(enum.IntEnum):
+    CU_MEM_ACCESS_FLAGS_PROT_READ = 1
+    CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+
+
+class CUmemAllocationGranularity_flags(enum.IntEnum):
+    CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0
+
+
+class _Location:
+    type = 0
+    id = 0
+
+
+class CUmemAllocationProp:
+    def __init__(self):
+        self.location = _Location()
+
+
+class CUmemAccessDesc:
+    def __init__(self):
+        self.location = _Location()
+        self.flags = 0
+
+
+class CUdeviceptr(int):
+    pass
+
+
+_maps = {}  # base address -> [mmap, access flags]
+_next = [SPAN]
+
+
+def cuInit(flags):
+    return (CUresult.CUDA_SUCCESS,)
+
+
+def cuMemGetAllocationGranularity(prop, flag):
+    return CUresult.CUDA_SUCCESS, 2 << 20
+
+
+def cuMemCreate(size, prop, flags):
+    if prop.requestedHandleTypes != CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR:
+        return CUresult.CUDA_ERROR_INVALID_VALUE, 0
+    fd = os.memfd_create("fake-cuda-allocation")
+    os.ftruncate(fd, size)
+    return CUresult.CUDA_SUCCESS, fd
+
+
+def cuMemExportToShareableHandle(handle, kind, flags):
+    return CUresult.CUDA_SUCCESS, os.dup(int(handle))
+
+
+def cuMemImportFromShareableHandle(fd, kind):
+    return CUresult.CUDA_SUCCESS, os.dup(int(fd))
+
+
+def cuDeviceGet(ordinal):
+    return CUresult.CUDA_SUCCESS, ordinal
+
+
+def cuDevicePrimaryCtxRetain(device):
+    return CUresult.CUDA_SUCCESS, 1
+
+
+def cuCtxSetCurrent(context):
+    return (CUresult.CUDA_SUCCESS,)
+
+
+def cuCtxSynchronize():
+    return (CUresult.CUDA_SUCCESS,)
+
+
+def cuMemAddressReserve(size, alignment, address, flags):
+    _next[0] += SPAN
+    return CUresult.CUDA_SUCCESS, CUdeviceptr(_next[0])
+
+
+def cuMemMap(address, size, offset, handle, flags):
+    _maps[int(address)] = [mmap.mmap(int(handle), size), 0]
+    return (CUresult.CUDA_SUCCESS,)
+
+
+def cuMemSetAccess(address, size, descs, count):
+    _maps[int(address)][1] = int(descs[0].flags)
+    return (CUresult.CUDA_SUCCESS,)
+
+
+def _at(address, count):
+    base = int(address) // SPAN * SPAN
+    memory, access = _maps[base]
+    offset = int(address) - base
+    assert offset + count <= len(memory)
+    return ctypes.addressof(ctypes.c_char.from_buffer(memory)) + offset, access
+
+
+def cuMemcpyHtoD(address, host, count):
+    target, access = _at(address, count)
+    if access != CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE:
+        return (CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,)
+    ctypes.memmove(target, host, count)
+    return (CUresult.CUDA_SUCCESS,)
+
+
+def cuMemcpyDtoH(host, address, count):
+    source, access = _at(address, count)
+    if not access & CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ:
+        return (CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,)
+    ctypes.memmove(host, source, count)
+    return (CUresult.CUDA_SUCCESS,)
+
+
+def cuMemUnmap(address, size):
+    _maps.pop(int(address))[0].close()
+    return (CUresult.CUDA_SUCCESS,)
+
+
+def cuMemRelease(handle):
+    os.close(int(handle))
+    return (CUresult.CUDA_SUCCESS,)
+
+
+def cuMemAddressFree(address, size):
+    return (CUresult.CUDA_SUCCESS,)
+'''
+
+
+def test_the_shared_weights_processes_against_a_stand_in_of_cuda(tmp_path: Path):
+    """The server, writer and readers of check 3 as the check runs them, over the stand-in: a server that never maps,
+    a read-write writer, two read-only readers that read the same bytes after the server's SIGKILL, a new server that
+    starts empty. (The memory figures come from the pynvml stand-in, which holds still.)"""
+    path, env = stand_ins(tmp_path)
+    lib = Path(env["PYTHONPATH"])
+    (lib / "cuda" / "bindings").mkdir(parents=True)
+    (lib / "cuda" / "__init__.py").write_text("")
+    (lib / "cuda" / "bindings" / "__init__.py").write_text("")
+    (lib / "cuda" / "bindings" / "driver.py").write_text(FAKE_CUDA_DRIVER)
+    done, report = run_script(tmp_path, "--only", "shared-weights", "--shared-mib", "40", path=path, env=env,
+                              python_flags=())
+    (check,) = report["checks"]
+    rows = {r["item"]: r for r in check["rows"]}
+    assert check["returncode"] == 0 and not check["error"], check["stderr_tail"]
+    assert rows["the server's CUDA context (GMS's server has none)"]["status"] == gp.PASS
+    assert rows["a writer imports it read-write and fills it"]["measured"].startswith(f"{40 * gp.MIB} bytes in")
+    expected = gp.pattern_digest(gp.pattern_block("shadowline gpu-proof shared weights"), 40 * gp.MIB)[:16]
+    for index in (1, 2):
+        for item in (f"reader {index} (read-only mapping) reads the pattern",
+                     f"reader {index} reads the same bytes after the server's SIGKILL"):
+            assert (rows[item]["status"], rows[item]["measured"]) == (gp.PASS, expected)
+    assert rows["a new server on the same socket starts empty"]["status"] == gp.PASS
+    assert {r["status"] for r in check["rows"]} <= {gp.PASS, gp.INFO}
+    assert done.returncode == 0, done.stdout
