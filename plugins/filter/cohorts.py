@@ -11,16 +11,12 @@ from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import units
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan, restart_order
 
-UNIT_DIR = "/etc/systemd/system"
+UNIT_DIR = units.UNIT_DIR
 
 
 def cohort_order(plan: dict[str, Any], lock_content: str | None = None) -> list[int]:
     """Cohort ids in start order given the lock file's content (C(engine-<id>), or empty)."""
     return restart_order(Plan.from_dict(plan).cohort_ids, parse_holder(lock_content or ""))
-
-
-def _dropin_dir(plan: Plan, cohort: int) -> str:
-    return f"{UNIT_DIR}/{plan.unit_name('engine', cohort)}.d"
 
 
 def engine_files(plan: dict[str, Any], host: str, model_digest: str = "",
@@ -37,7 +33,7 @@ def engine_files(plan: dict[str, Any], host: str, model_digest: str = "",
     files = [{"path": f"{UNIT_DIR}/{plan.unit_name('engine')}", "content": units.engine_template(plan),
               "mode": "0644", **root}]
     for cohort in _selected(plan, only):
-        dropin = _dropin_dir(plan, cohort)
+        dropin = units.engine_dropin_dir(plan, cohort)
         directories += [{"path": f"{plan.engines_dir}/{cohort}", "mode": "0750", **user},
                         {"path": dropin, "mode": "0755", **root}]
         files.append({"path": f"{dropin}/plan.conf", "content": units.engine_dropin(plan, host, cohort),
@@ -57,7 +53,7 @@ def engine_changed_cohorts(plan: dict[str, Any], changed_paths: list[str] | None
     cohorts = _selected(plan, only)
     if f"{UNIT_DIR}/{plan.unit_name('engine')}" in changed:
         return cohorts
-    return [c for c in cohorts if any(p.startswith(_dropin_dir(plan, c) + "/") for p in changed)]
+    return [c for c in cohorts if any(p.startswith(units.engine_dropin_dir(plan, c) + "/") for p in changed)]
 
 
 def _selected(plan: Plan, only: list[int] | None) -> list[int]:

@@ -16,6 +16,8 @@ detection is tight (``health_timeout_s``, ``progress_stall_s`` and ``canary_inte
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
 import os
 import re
@@ -27,12 +29,14 @@ from typing import Any
 
 import pytest
 
+from shadowline.control.coordination import Coordination
+from shadowline.deployment.units import CONFIG_ENV, cohort_config
 from testbed.inventory import failover_of_testbed
 from testbed.pytest_fixtures import skip_reason
 
 from ..loopback import wait_until
 from . import launch
-from .deployed import Deployed, Load
+from .deployed import NODES, Deployed, Load
 
 INSTANCE = "6"
 REPO = launch.REPO
@@ -309,6 +313,89 @@ def running_argv(host: str, cohort: int) -> list[str]:
     return on(host, "cat", f"/proc/{pid}/cmdline").rstrip("\0").split("\0")
 
 
+def on_every_node(*argv: str) -> None:
+    for host in NODES:
+        on(host, *argv)
+
+
+def running_config(host: str, cohort: int) -> str:
+    """The cohort configuration digest the rank's process runs (its SHADOWLINE_COHORT_CONFIG)."""
+    pid = main_pid(host, f"{UNIT}-engine@{cohort}.service")
+    env = dict(v.split("=", 1) for v in on(host, "cat", f"/proc/{pid}/environ").split("\0") if "=" in v)
+    return env.get(CONFIG_ENV, "")
+
+
+def slots_running() -> None:
+    """Wait until every cohort's slot runs (the agents' records exist: the upgrade's handover needs them)."""
+    etcd = d.etcd()
+    coord = Coordination(etcd, DEPLOYMENT)
+    try:
+        wait_for("every cohort's slot running", lambda: sorted(
+            c for c, (s, _r) in coord.slots().items() if s.state == "running") == [0, 1], 90)
+    finally:
+        etcd.close()
+
+
+def test_an_upgrade_that_meets_a_shadow_half_relaunched_restarts_it_on_every_node(deployment) -> None:
+    """Issue #37's interleaving, injected: the parked shadow's ranks on node1 and node2 were started (waiting at
+    the rendezvous for their leader, as when the agents relaunch it and node0's start comes last) when the
+    upgrade's new unit files land. The engine role used to start node0's rank alone from the new files (its start
+    'changed', so no node was restarted): one engine group on two configurations, serving after the handover
+    (CI: 'cohorts not on the new configuration on node1: 0'). Now a changed cohort restarts on every node
+    together, and the upgrade's own check finds every cohort on the new configuration."""
+    slots_running()
+    parked = 1 - int(lock_holder().rsplit("-", 1)[1])
+    engine = f"{UNIT}-engine@{parked}"
+    on_every_node("systemctl", "stop", f"{UNIT}-agent")  # as the engine role stops them before a restart
+    on_every_node("systemctl", "stop", engine)
+    for host in ("node1", "node2"):
+        on(host, "systemctl", "start", engine)  # the headless ranks, waiting for their leader
+    proc = playbook("upgrade.yml", "-e", engine_vars(["--max-model-len", "1024"]), timeout=400)
+    assert proc.returncode == 0, tail(proc)
+    assert "every cohort on the new configuration" in proc.stdout
+    for cohort in (0, 1):
+        configs = {host: running_config(host, cohort) for host in NODES}
+        assert len(set(configs.values())) == 1, f"cohort {cohort} runs two configurations: {configs}"
+        for host in NODES:
+            assert running_argv(host, cohort)[-2:] == ["--max-model-len", "1024"], (host, cohort)
+    assert_whole()
+
+
+def test_a_cohort_found_on_two_configurations_is_declared_failed_and_relaunched_whole(deployment) -> None:
+    """A mixed cohort made behind the agents' backs (node1's rank of the parked shadow started from a unit that
+    differs from the other nodes', then the files made whole again): once the agents run, the driver finds the
+    ranks' records disagree, declares the generation failed (mixed-configuration, an event naming each node's
+    configuration), and the relaunch starts every rank from one configuration; serving is untouched."""
+    slots_running()
+    parked = 1 - int(lock_holder().rsplit("-", 1)[1])
+    engine = f"{UNIT}-engine@{parked}"
+    dropin = f"/run/systemd/system/{engine}.service.d"
+    started = time.time()
+    on_every_node("systemctl", "stop", f"{UNIT}-agent")
+    on_every_node("systemctl", "stop", engine)
+    on("node1", "sh", "-c", f"mkdir -p {dropin} && printf '[Service]\\nEnvironment={CONFIG_ENV}=mixedbytest00000\\n' "
+                            f"> {dropin}/zz-mixed.conf && systemctl daemon-reload")
+    try:
+        for host in ("node1", "node2", "node0"):
+            on(host, "systemctl", "start", engine)
+        wait_for(f"cohort {parked}'s leader parked", lambda: leader_states().get(parked) == "standby", 60)
+        assert running_config("node1", parked) == "mixedbytest00000"
+    finally:
+        on("node1", "sh", "-c", f"rm -rf {dropin} && systemctl daemon-reload")
+    on_every_node("systemctl", "start", f"{UNIT}-agent")
+    found = wait_for("the mixed generation declared", lambda: [
+        e for e in events() if e["time"] >= started and e["event"] == "mixed-configuration"
+        and e["cohort"] == parked], 60)
+    assert found[0]["detail"]["configs"]["node1"] == "mixedbytest00000", found
+    assert len({c for c in found[0]["detail"]["configs"].values()}) == 2, found
+    wanted = cohort_config(d.plan(), parked)
+    wait_for(f"cohort {parked} relaunched on one configuration", lambda: all(
+        running_config(h, parked) == wanted for h in NODES) and leader_states().get(parked) == "standby", 90)
+    declared = [e for e in d.all_events(started, "failure-declared") if e["cohort"] == parked]
+    assert declared and declared[0]["detail"]["reason"] == "mixed-configuration", d.story(started)
+    assert_whole()
+
+
 def test_upgrade_changes_the_engines_arguments_under_load_without_a_failed_request(deployment) -> None:
     """Shadows first, then the serving cohort by planned failover: every cohort ends on the new arguments, the
     lock changed hands once, and an application using the OpenAI SDK (half its requests streaming) saw no failure."""
@@ -421,6 +508,31 @@ def test_upgrade_switches_the_model_revision_under_load_without_a_failed_request
                 if "model" in line.lower() and "http-request" not in line and "request_span" not in line]
     assert load.requests and not failed_sdk, (load.summary() + "\nthe frontend on models:\n" + "\n".join(frontend[-40:])
                                               + f"\nthe agents:\n{d.story(started)}")
+    assert_whole()
+
+
+def bench_failover() -> Any:
+    """scripts/bench-failover as a module (it has no .py suffix)."""
+    loader = importlib.machinery.SourceFileLoader("bench_failover", str(REPO / "scripts" / "bench-failover"))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_the_benchs_cold_restart_empties_every_gms_server_or_fails_loudly(deployment) -> None:
+    """bench-failover's cold phase on this deployment, once: every GMS server restarted empty (its unit named by
+    the plan: per residency), the writer's leader reads its weights from disk, a request is served. It printed a
+    figure while every host's restart had failed ('Unit shadowline-demo-gms.service not found', issue #37): a
+    step that fails on any host now fails the trial, and a trial whose writer read nothing from disk too."""
+    bench = bench_failover()
+    bed = bench.Bed(3, testbed=tb)
+    bed.plan = d.plan()
+    with pytest.raises(RuntimeError, match="shadowline-demo-gms.service not found"):
+        bed.everywhere("systemctl", "restart", f"{UNIT}-gms")  # the name the bench once built by hand
+    trial = bench.cold_trial(bed)
+    size = sum(f.stat().st_size for f in (REPO / ".cache" / "models" / "tiny-llama").glob("*.safetensors"))
+    assert trial["leader_read_bytes"] >= size // 3, f"the writer's leader did not load its shard from disk: {trial}"
+    assert trial["first_ok_s"] is not None and trial["first_ok_s"] < 120, trial
     assert_whole()
 
 

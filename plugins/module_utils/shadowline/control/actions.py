@@ -83,8 +83,28 @@ class Confirm:
 
 @dataclass(frozen=True)
 class Launch:
+    """Start this node's rank of a launching generation, from the slot's configuration (``config``: refused when
+    the unit holds another, node_duties.start_refusal; "" takes whatever the unit holds)."""
     cohort: int
     generation: int
+    config: str = ""
+
+
+@dataclass(frozen=True)
+class NoteMixed:
+    """The driver declared this generation failed for its mixed configurations (declared once)."""
+    cohort: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class PublishRank:
+    """Write this node's record of its rank of a cohort (coordination.RankRecord): its generation and the
+    configuration it runs, which the driver compares across the nodes (driver_duties.mixed_generations)."""
+    cohort: int
+    generation: int
+    config: str
+    pid: int
 
 
 @dataclass(frozen=True)

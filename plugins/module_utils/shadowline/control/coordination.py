@@ -9,10 +9,15 @@ Keys, under ``/shadowline/<deployment>/``:
 - ``gone/<cohort>/<generation>/<host>``: an agent's confirmation that its ranks of that generation are gone.
 - ``active``: the serving cohort and generation, recorded when a promotion is verified.
 - ``gms_lost/<host>``: a node whose GMS server died (its weights are no longer resident for new imports).
+- ``ranks/<cohort>/<host>``: the generation of the cohort's rank on that node and the configuration digest it
+  runs (``RankRecord``), written by the node's agent when it starts or adopts the rank: the driver finds a
+  generation whose ranks run two configurations (a mixed cohort) from them.
 
 Slot states: ``running`` (the generation's ranks run), ``failed`` (declared failed: every agent kills its
 ranks of that generation), ``launching`` (every agent starts its rank of the new generation, not before
-``not_before``), ``dead`` (crash loop: given up, needs an operator).
+``not_before``), ``dead`` (crash loop: given up, needs an operator). A launching slot names the configuration
+(``config``: the digest of the cohort's units, deployment/units.cohort_config) its ranks must be started from:
+a node whose unit holds another one refuses to start its rank (node_duties.start_refusal).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from .etcd_client import KV, Etcd, EtcdError
 
 RUNNING, FAILED, LAUNCHING, DEAD = "running", "failed", "launching", "dead"
 STATES = (RUNNING, FAILED, LAUNCHING, DEAD)
-SLOT_SCHEMA = 1  # the slot record's version; a writer that adds or changes a field raises it
+SLOT_SCHEMA = 2  # the slot record's version; a writer that adds or changes a field raises it (2: config)
 
 
 class RecordInvalid(ValueError):
@@ -48,6 +53,7 @@ class Slot:
     attempts: int = 0  # consecutive failed launches (reset once a generation has run for a while)
     not_before: float = 0.0  # launching: start ranks no earlier than this (backoff); kept while it runs
     detected_by: str = ""
+    config: str = ""  # the cohort configuration its ranks start from (units.cohort_config); "": any (schema 1)
 
     def to_json(self) -> str:
         return json.dumps({"schema": SLOT_SCHEMA, **asdict(self)}, sort_keys=True)
@@ -81,7 +87,7 @@ class Slot:
         for name in ("since", "not_before"):
             if name in data and not is_finite(data[name]):
                 raise RecordInvalid(f"{name} is {data[name]!r}, not a time")
-        for name in ("reason", "detected_by"):
+        for name in ("reason", "detected_by", "config"):
             if name in data and not isinstance(data[name], str):
                 raise RecordInvalid(f"{name} is {data[name]!r}, not text")
         if data["state"] not in STATES:
@@ -128,6 +134,10 @@ class Keys:
 
     def gms_lost(self, host: str | None = None) -> str:
         return f"{self.root}gms_lost/{host}" if host else f"{self.root}gms_lost/"
+
+    def rank(self, cohort: int, host: str) -> str:
+        """The cohort's rank on ``host``: its generation and the configuration it runs (RankRecord)."""
+        return f"{self.root}ranks/{cohort}/{host}"
 
     def fenced(self, host: str | None = None) -> str:
         """A node whose GPU needs a reset or service (its agent writes it; an operator removes it: unfence)."""
@@ -236,6 +246,30 @@ class Coordination:
         except ValueError:
             return None
         return record if isinstance(record, dict) else None
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """What a node's agent says of its rank of a cohort: the generation and the configuration digest it runs."""
+    generation: int
+    config: str
+    pid: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def parse(cls, value: bytes | str) -> RankRecord:
+        """The record, or RecordInvalid naming what is wrong."""
+        try:
+            data = json.loads(value)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise RecordInvalid(f"not JSON ({err})") from None
+        if not isinstance(data, dict) or not is_int(data.get("generation")) or data["generation"] < 1:
+            raise RecordInvalid(f"no generation in {data!r}")
+        if not isinstance(data.get("config"), str) or not is_int(data.get("pid", 0)):
+            raise RecordInvalid(f"no configuration in {data!r}")
+        return cls(data["generation"], data["config"], data.get("pid", 0))
 
 
 def gone_time(value: bytes) -> float | None:

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from ..deployment.contract import Failover
 from ..deployment.plan import Plan
+from . import observe
 from .actions import (
     Action,
     AgentBack,
@@ -33,6 +34,7 @@ from .actions import (
     NoteFences,
     NoteLaunched,
     NoteLockReplaced,
+    NoteMixed,
     ObserveTeardown,
     ProbePromotion,
     ProbeServing,
@@ -54,7 +56,7 @@ from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
 from .lock import parse_holder
 from .lock_identity import LockSeen, lock_seen
 from .memory import Canary, DriverMemory, NodeMemory, Promotion, PromotionSeen
-from .policy import CANARY_UNANSWERED, NODE_FENCED, HangPolicy, RelaunchPolicy, silence
+from .policy import CANARY_UNANSWERED, MIXED_CONFIGURATION, NODE_FENCED, HangPolicy, RelaunchPolicy, silence
 from .proc import cgroup_pids
 from .view import DeploymentView, Now
 
@@ -251,10 +253,11 @@ def ran_for(slot: Slot, driver: DriverMemory) -> float | None:
     return slot.since - launched if launched is not None else float("inf")
 
 
-def relaunch_due(slot: Slot, revision: int, view: DeploymentView, hosts: list[str], driver: DriverMemory,
-                 node: NodeMemory, policy: RelaunchPolicy, now: Now) -> list[Action]:
+def relaunch_due(slot: Slot, revision: int, view: DeploymentView, hosts: list[str], driver: DriverMemory,  # noqa: PLR0913 (the view, the memories, the policy and one observation)
+                 node: NodeMemory, policy: RelaunchPolicy, now: Now, config: str = "") -> list[Action]:
     """Once every node confirmed the failed generation gone: the next generation (after the backoff of a crash
-    loop), or the slot dead when the crash loop goes on past max attempts."""
+    loop), from ``config`` (the cohort's configuration in this node's unit files: every node must start its rank
+    from the same, node_duties.start_refusal), or the slot dead when the crash loop goes on past max attempts."""
     gone = view.gone_hosts(slot.cohort, slot.generation)
     if not set(hosts) <= set(gone):
         return []
@@ -279,18 +282,42 @@ def relaunch_due(slot: Slot, revision: int, view: DeploymentView, hosts: list[st
             Record("slot-dead", slot.cohort, slot.generation, {"attempts": attempts, "detail": detail}),))]
     delay = policy.delay(attempts)
     launching = Slot(cohort=slot.cohort, generation=slot.generation + 1, state=LAUNCHING, since=now.wall,
-                     reason=f"relaunch after {slot.reason}", attempts=attempts, not_before=now.wall + delay)
+                     reason=f"relaunch after {slot.reason}", attempts=attempts, not_before=now.wall + delay,
+                     config=config)
     return actions + [SwapSlot(launching, revision, "relaunch", detected=detected, launch_at=now.wall + delay, then=(
         Record("relaunch-scheduled", slot.cohort, slot.generation + 1,
                {"delay_s": round(delay, 3), "attempts": attempts}),))]
 
 
-def unfenced_due(slot: Slot, revision: int, view: DeploymentView, now: Now) -> list[Action]:
+def mixed_generations(view: DeploymentView, driver: DriverMemory) -> list[Action]:
+    """A generation whose ranks run two configurations (their nodes' records, RankRecord: started from unit
+    files of two configurations, e.g. one node's rank started before an upgrade's files reached it and another's
+    after) is no engine group: its ranks disagree on their arguments (a hang in the first collective, or wrong
+    results). Declared failed (mixed-configuration), once; the next generation starts from one configuration on
+    every node (node_duties.start_refusal)."""
+    actions: list[Action] = []
+    for cohort, entry in sorted(view.slots.items()):
+        slot = entry.slot
+        if slot.state not in (RUNNING, LAUNCHING) or (cohort, slot.generation) in driver.mixed:
+            continue
+        configs = {host: record.config for host, record in sorted(view.ranks.get(cohort, {}).items())
+                   if record.generation == slot.generation and record.config}
+        if len(set(configs.values())) < 2:
+            continue
+        detail = "the generation's ranks run " + ", ".join(f"{c} on {h}" for h, c in configs.items())
+        actions += [NoteMixed(cohort, slot.generation),
+                    Record(MIXED_CONFIGURATION, cohort, slot.generation, {"configs": configs, "detail": detail}),
+                    Declare(cohort, slot.generation, MIXED_CONFIGURATION,
+                            {"signal": "configuration", "evidence": detail, "configs": configs})]
+    return actions
+
+
+def unfenced_due(slot: Slot, revision: int, view: DeploymentView, now: Now, config: str = "") -> list[Action]:
     """A slot held while a node was fenced, once no node is: relaunched (a new generation, no crash-loop count)."""
     if slot.state != DEAD or slot.reason != NODE_FENCED or view.fenced:
         return []
     launching = Slot(cohort=slot.cohort, generation=slot.generation + 1, state=LAUNCHING, since=now.wall,
-                     reason="relaunch after unfence", attempts=0, not_before=now.wall)
+                     reason="relaunch after unfence", attempts=0, not_before=now.wall, config=config)
     return [SwapSlot(launching, revision, "relaunch", launch_at=now.wall, then=(
         Record("relaunch-scheduled", slot.cohort, slot.generation + 1, {"delay_s": 0.0, "after": "unfence"}),))]
 
@@ -343,7 +370,8 @@ def stable_due(slot: Slot, revision: int, failover: Failover, now: Now) -> list[
 
 
 # --- slot records: the first ones, broken ones -------------------------------------------------------------------
-def first_view(view: DeploymentView, cohorts: list[int], driver: DriverMemory, node: NodeMemory) -> list[Action]:
+def first_view(view: DeploymentView, cohorts: list[int], driver: DriverMemory, node: NodeMemory,
+               configs: dict[int, str] | None = None) -> list[Action]:
     """What the driver takes from etcd when it starts: the serving cohort, and a slot for each cohort that has
     none yet (running when its rank runs here, else launching)."""
     if driver.adopted:
@@ -356,11 +384,13 @@ def first_view(view: DeploymentView, cohorts: list[int], driver: DriverMemory, n
         if rank is not None:
             actions.append(CreateSlot(Slot(cohort=cohort, generation=rank.generation or 1, state=RUNNING)))
         else:
-            actions.append(CreateSlot(Slot(cohort=cohort, generation=1, state=LAUNCHING, reason="not running")))
+            actions.append(CreateSlot(Slot(cohort=cohort, generation=1, state=LAUNCHING, reason="not running",
+                                           config=(configs or {}).get(cohort, ""))))
     return actions
 
 
-def repair_invalid(view: DeploymentView, cohorts: list[int], node: NodeMemory, now: Now) -> list[Action]:
+def repair_invalid(view: DeploymentView, cohorts: list[int], node: NodeMemory, now: Now,
+                   configs: dict[int, str] | None = None) -> list[Action]:
     """A slot record of a planned cohort that does not parse (and was not written by a newer shadowline): write a
     good one in its place, compare-and-swapped on its revision. The driver's rank of the cohort runs: that
     generation is running. Else a new generation launches on every node (older ranks are retired)."""
@@ -376,7 +406,7 @@ def repair_invalid(view: DeploymentView, cohorts: list[int], node: NodeMemory, n
         else:
             known = [g for (c, g) in view.gone if c == cohort] + [g for (c, g) in node.detected_at if c == cohort]
             slot = Slot(cohort=cohort, generation=max(known, default=0) + 1, state=LAUNCHING, since=now.wall,
-                        reason="repaired", not_before=now.wall)
+                        reason="repaired", not_before=now.wall, config=(configs or {}).get(cohort, ""))
         actions.append(SwapSlot(slot, bad.revision, "repair", then=(
             Record("record-repaired", cohort, slot.generation, {"key": key, "why": bad.why, "state": slot.state}),)))
     return actions
@@ -522,8 +552,10 @@ class DriverDuties:
                      + ([EndCanary()] if self.memory.canary is not None else []) + [RefreshLeases(outage_s)])
 
     def drive(self, view: DeploymentView, now: Now) -> None:
-        self.execute(first_view(view, self.plan.cohort_ids, self.memory, self.node))
-        self.execute(repair_invalid(view, self.plan.cohort_ids, self.node, now))
+        configs = observe.installed_configs(self.plan)  # a file read per cohort
+        self.execute(first_view(view, self.plan.cohort_ids, self.memory, self.node, configs))
+        self.execute(repair_invalid(view, self.plan.cohort_ids, self.node, now, configs))
+        self.execute(mixed_generations(view, self.memory))
         self.execute(republish_weights(view, self.memory))
         engines = {c: cgroup_pids(r.cgroup) for c, r in self.node.ranks.items() if r.cgroup}
         self.execute(lock_identity(lock_seen(self.plan.lock_path, engines), view, self.memory,
@@ -540,10 +572,10 @@ class DriverDuties:
             slot, revision = entry.slot, entry.revision
             if slot.state == FAILED:
                 self.execute(relaunch_due(slot, revision, view, self.plan.hosts, self.memory, self.node,
-                                          self.policy, now))
+                                          self.policy, now, configs.get(slot.cohort, "")))
             elif slot.state == LAUNCHING and now.wall >= slot.not_before:
                 self.execute(running_due(slot, revision, self.memory, self.node, now))
             elif slot.state == RUNNING:
                 self.execute(stable_due(slot, revision, self.plan.failover, now))
             elif slot.state == DEAD:
-                self.execute(unfenced_due(slot, revision, view, now))
+                self.execute(unfenced_due(slot, revision, view, now, configs.get(slot.cohort, "")))

@@ -48,6 +48,7 @@ from .actions import (
     NoteFences,
     NoteLaunched,
     NoteLockReplaced,
+    NoteMixed,
     NoteProgress,
     ObserveTeardown,
     ProbeLeader,
@@ -55,6 +56,7 @@ from .actions import (
     ProbeServing,
     PromotionActive,
     PromotionRegistered,
+    PublishRank,
     Record,
     RecordActive,
     RefreshLeases,
@@ -74,13 +76,14 @@ from .actions import (
     WakeAt,
 )
 from .agent_metrics import AgentMetrics
-from .coordination import Coordination
+from .coordination import Coordination, RankRecord
 from .discovery import registrations, revoke_leases, worker_registrations
 from .etcd_client import Etcd, EtcdError
 from .events import EventLog
 from .failure_notices import FailureNotice, Notifier
 from .lock import try_acquire
 from .memory import Canary, DriverMemory, KnownFailure, LocalRank, NodeMemory, PromotionSeen, Start, Teardown
+from .node_duties import start_refusal
 from .observe import LeaderProbe, StartCheck, rank_alive
 from .proc import alive, kill_cgroup, systemctl
 from .view import DeploymentView, Now
@@ -143,6 +146,7 @@ class Executor:
         self.start_checks: queue.Queue[StartCheck] = queue.Queue()
         self.promotion_looks: queue.Queue[tuple[int, int, PromotionSeen]] = queue.Queue()
         self.confirms: list[Confirm] = []  # written to etcd after the tick's kills and declarations
+        self.publishes: list[PublishRank] = []  # this node's rank records, written after the confirmations
         self.settles: list[str] = []  # units whose processes are gone, stopped in systemd after the confirmations
         self.view: DeploymentView | None = None  # the agent's latest view: a declaration's compare-and-swap starts there
         self.faults_reported: dict[tuple[str, int | None, str], float] = {}  # ReportFault's last line, by look and error
@@ -196,7 +200,9 @@ class Executor:
         elif isinstance(action, Confirm):
             self.confirms.append(action)
         elif isinstance(action, Launch):
-            self.launch(action.cohort, action.generation)
+            self.launch(action.cohort, action.generation, action.config)
+        elif isinstance(action, PublishRank):
+            self.publishes.append(action)
         elif isinstance(action, CheckStart):
             self.check_start(action)
         elif isinstance(action, Launched):
@@ -365,9 +371,23 @@ class Executor:
         confirms, self.confirms = self.confirms, []
         for action in confirms:
             self.confirm(action.cohort, action.generation, action.when)
+        publishes, self.publishes = self.publishes, []
+        for publish in publishes:
+            self.publish(publish)
         settles, self.settles = self.settles, []
         for unit in settles:
             systemctl("stop", "--no-block", unit)
+
+    def publish(self, action: PublishRank) -> None:
+        """This node's record of its rank (node_duties.publish_due); written again from a later view if it fails."""
+        if self.node.etcd_lost_since is not None:
+            return
+        record = RankRecord(action.generation, action.config, action.pid)
+        try:
+            self.etcd.put(self.coord.keys.rank(action.cohort, self.host), record.to_json())
+            self.node.published[action.cohort] = (action.generation, action.config)
+        except EtcdError as err:
+            self.events.write("rank-record-error", action.cohort, action.generation, error=str(err))
 
     def confirm(self, cohort: int, generation: int, when: float) -> None:
         if (cohort, generation) in self.node.confirmed or not generation:
@@ -380,17 +400,22 @@ class Executor:
         except EtcdError as err:
             self.events.write("confirm-error", cohort, generation, error=str(err))
 
-    def launch(self, cohort: int, generation: int) -> None:
+    def launch(self, cohort: int, generation: int, config: str = "") -> None:
         """Start this node's rank of a new generation without waiting for it: systemd is asked for the start job
         in a thread (its two systemctl calls took 31-180 ms on a loaded testbed host, and the loop would wait for
         them: the driver's promotion, every detection and teardown on this node), and the loop tracks the start
-        once the job was asked for (until then the unit still shows the failed generation)."""
+        once the job was asked for (until then the unit still shows the failed generation). The unit's loaded
+        configuration is read first when the slot names one: another one is not started (Start.refused, judged
+        by node_duties.start_progress)."""
         unit = self.plan.unit_name("engine", cohort)
         requested = threading.Event()
-        self.node.starting[cohort] = Start(generation, Now.read().mono, requested)
+        start = self.node.starting[cohort] = Start(generation, Now.read().mono, requested)
 
         def ask() -> None:
             try:
+                start.refused = start_refusal(config, observe.unit_config(unit)) if config else ""
+                if start.refused:
+                    return
                 systemctl("reset-failed", unit)
                 systemctl("start", "--no-block", unit)
             finally:  # a systemctl that failed or hung: the start is judged from the unit's state as ever
@@ -427,6 +452,8 @@ class Executor:
             raise AssertionError(f"{type(action).__name__} is a driver's action; this agent is no driver")
         if isinstance(action, SwapSlot):
             self.swap(action, driver)
+        elif isinstance(action, NoteMixed):
+            driver.mixed.add((action.cohort, action.generation))
         elif isinstance(action, RevokeRegistration):
             self.revoke(action, driver)
         elif isinstance(action, DeferRevocation):

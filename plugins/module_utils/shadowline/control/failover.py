@@ -34,7 +34,7 @@ from .discovery import cohort_registrations, deroute, reroute, revoke_leases
 from .etcd_client import KV, Etcd, EtcdError
 from .events import read_events
 from .lock import parse_holder
-from .observe import leader_progress
+from .observe import installed_configs, leader_progress
 from .proc import cgroup_pids, listening_ports, unit_cgroup
 from .progress import ProgressSample
 
@@ -141,7 +141,8 @@ def run_failover(plan: Plan, cohort: int, mode: str, host: str, wait: bool = Tru
     drained: dict[str, Any] = {}
     if planned["action"] == "revive":
         revived = Slot(cohort=cohort, generation=slot.generation + 1, state=LAUNCHING,
-                       reason=f"{reason}: revived by {host}", attempts=0)
+                       reason=f"{reason}: revived by {host}", attempts=0,
+                       config=installed_configs(plan).get(cohort, ""))  # this node's unit files'; every node's must agree
         if not coord.swap(revived, planned["revision"]):
             raise FailoverError(f"cohort {cohort}'s slot changed while reviving it; run it again")
     elif planned["action"] == "fail over":

@@ -26,6 +26,7 @@ class LocalRank:
     progress_at: float = 0.0  # when (monotonic) the leader's /metrics was last read
     node: str = ""  # the node it runs on, and that node's rank: where a failure it shows is named
     node_rank: int = 0
+    config: str = ""  # the cohort configuration digest it runs (its SHADOWLINE_COHORT_CONFIG; "": unknown)
 
     def culprit(self, signal: str, detail: str) -> dict[str, object]:
         """The evidence of a failure this rank showed first (Declare.evidence): signal, node, node rank, what."""
@@ -40,6 +41,7 @@ class Start:
     # set once systemd was asked for the start job (executor.launch asks in a thread); None: asked already
     requested: threading.Event | None = None
     looked_at: float = float("-inf")  # monotonic: the last look at its unit answered (node_duties.judge_starts)
+    refused: str = ""  # why the start was not asked for: the unit's configuration is not the generation's
 
     def asked(self) -> bool:
         """Whether systemd has the start job, so that the unit's state says something of this start."""
@@ -88,6 +90,8 @@ class NodeMemory:
     # cohort -> its engine unit's cgroup, as systemd named it for a rank this agent tracked (a unit's cgroup path
     # does not change): whether anything runs there is a read of cgroup.procs, not a systemctl call
     unit_cgroups: dict[int, str] = field(default_factory=dict)
+    # cohort -> (generation, configuration) of this node's rank as its record in etcd holds it (PublishRank)
+    published: dict[int, tuple[int, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,7 @@ class Canary:
 
 @dataclass
 class DriverMemory:
+    mixed: set[tuple[int, int]] = field(default_factory=set)  # (cohort, generation) declared for mixed configurations
     launched_at: dict[tuple[int, int], float] = field(default_factory=dict)  # (cohort, generation) -> unix
     # (cohort, generation) -> the discovery leases its worker registered when it was promoted
     registered: dict[tuple[int, int], list[int]] = field(default_factory=dict)

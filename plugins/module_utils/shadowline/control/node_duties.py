@@ -38,6 +38,7 @@ from .actions import (
     NoteFailure,
     NoteProgress,
     ProbeLeader,
+    PublishRank,
     Record,
     ReportFault,
     ReportGmsLost,
@@ -51,8 +52,8 @@ from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
 from .failure_notices import FailureNotice
 from .gpu_health import GpuFault
 from .memory import KnownFailure, LocalRank, NodeMemory, Start
-from .observe import HealthAnswer, UnitState
-from .policy import GENERATION_STALLED, GPU_FAULT, GPU_XID, HangPolicy, silence
+from .observe import HealthAnswer, UnitConfig, UnitState
+from .policy import CONFIG_MISMATCH, GENERATION_STALLED, GPU_FAULT, GPU_XID, HangPolicy, silence
 from .progress import ProgressSample
 from .view import Active, DeploymentView, Now
 from .xid_table import NONE
@@ -163,7 +164,7 @@ def launch_due(slot: Slot, memory: NodeMemory, now: Now) -> list[Action]:
     if slot.state == RUNNING:
         return declare_missing(slot, memory.known_failures.get(cohort), now)
     if now.wall >= slot.not_before:
-        return [NoteDetected(cohort, slot.generation - 1, slot.since), Launch(cohort, slot.generation)]
+        return [NoteDetected(cohort, slot.generation - 1, slot.since), Launch(cohort, slot.generation, slot.config)]
     return [WakeAt(now.mono + slot.not_before - now.wall, full=True)]
 
 
@@ -218,6 +219,37 @@ def report_invalid(view: DeploymentView, memory: NodeMemory) -> list[Action]:
             if (key, bad.revision) not in memory.reported_invalid]
 
 
+def start_refusal(expected: str, unit: UnitConfig) -> str:
+    """Why this node must not start its rank of a generation launched with configuration ``expected`` (the
+    slot's), from what its unit would run; "" when it may. Ranks of one generation started from files of two
+    configurations (an upgrade's files installed on one node and not yet on another) would make a mixed cohort:
+    refused, the generation is declared failed (config-mismatch) and the driver launches the next one from the
+    files it then finds. A slot without a configuration (written by an older agent) takes whatever the unit has."""
+    if not expected:
+        return ""
+    if unit.need_reload:
+        return (f"the unit's files changed on disk and systemd has not loaded them (daemon-reload pending); the "
+                f"generation's configuration is {expected}")
+    if unit.config != expected:
+        return (f"the unit holds configuration {unit.config or '(none)'}, the generation was launched with "
+                f"{expected}: its ranks would run two configurations")
+    return ""
+
+
+def publish_due(view: DeploymentView, memory: NodeMemory, host: str) -> list[Action]:
+    """This node's record of each rank it runs (generation, configuration), written where etcd lacks it or holds
+    another (a new generation, an adopted rank, a record lost with etcd's data); the driver compares them."""
+    actions: list[Action] = []
+    for cohort, rank in sorted(memory.ranks.items()):
+        if not rank.generation:
+            continue
+        record = view.ranks.get(cohort, {}).get(host)
+        wanted = (rank.generation, rank.config)
+        if memory.published.get(cohort) != wanted and (record is None or (record.generation, record.config) != wanted):
+            actions.append(PublishRank(cohort, rank.generation, rank.config, rank.pid))
+    return actions
+
+
 def start_failure(unit: UnitState, since: float, now: Now) -> str | None:
     """Why a unit this agent started (at ``since``, monotonic) is not running, as soon as systemd says so; None
     while it starts."""
@@ -235,6 +267,9 @@ def start_progress(cohort: int, start: Start, tracked: LocalRank | None, unit: U
     """A start in progress: the rank runs (track it), systemd says it failed (declare), or still starting."""
     if tracked is not None:
         return [Launched(tracked)]
+    if start.refused:
+        return [LaunchFailed(cohort, start.generation, start.refused),
+                Declare(cohort, start.generation, CONFIG_MISMATCH, {"signal": "configuration", "evidence": start.refused})]
     failure = start_failure(unit or UnitState("unknown"), start.since, now)
     if failure is None:
         return []
@@ -428,6 +463,7 @@ class NodeDuties:
         self.execute(report_invalid(view, self.memory))
         self.execute(refence(view, self.memory, self.host))
         self.execute(settle_adopted(view, self.memory, now))
+        self.execute(publish_due(view, self.memory, self.host))
         for entry in view.slots.values():
             slot = entry.slot
             self.execute(abandon_stale_start(slot, self.memory))

@@ -9,11 +9,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..deployment.plan import Plan
+from ..deployment.units import CONFIG_ENV, engine_dropin_dir, installed_config
 from .cohort_state import leader_view
 from .etcd_client import EtcdError
 from .http import http_get
 from .memory import LocalRank, PromotionSeen
-from .proc import alive, argv_process, cgroup_pids, listening_ports, monotonic_to_unix, pidfd_open, unit_properties
+from .proc import (
+    alive,
+    argv_process,
+    cgroup_pids,
+    listening_ports,
+    monotonic_to_unix,
+    pidfd_open,
+    process_environ,
+    unit_properties,
+)
 from .progress import ProgressSample, parse_sample
 
 
@@ -28,6 +38,44 @@ class UnitState:
 class HealthAnswer:
     ok: bool  # 200 from the leader's /health
     at: float  # monotonic, when the answer (or the timeout) came
+
+
+@dataclass(frozen=True)
+class UnitConfig:
+    """The cohort configuration a start of the unit would run (units.cohort_config, from the drop-in systemd has
+    loaded), and whether the unit's files changed on disk since systemd loaded them (a daemon-reload pending)."""
+    config: str
+    need_reload: bool
+
+
+def unit_config(unit: str) -> UnitConfig:
+    props = unit_properties(unit, "Environment", "NeedDaemonReload")
+    return UnitConfig(environment_value(props.get("Environment", "").split(), CONFIG_ENV),
+                      props.get("NeedDaemonReload") == "yes")
+
+
+def environment_value(assignments: list[str], name: str) -> str:
+    """The value of ``name`` among ``KEY=VALUE`` assignments ("" when it is not among them)."""
+    prefix = f"{name}="
+    return next((a[len(prefix):] for a in assignments if a.startswith(prefix)), "")
+
+
+def running_config(pid: int) -> str:
+    """The cohort configuration digest a rank's process runs (its environment; "" when unreadable)."""
+    return environment_value([v.decode(errors="replace") for v in process_environ(pid)], CONFIG_ENV)
+
+
+def installed_configs(plan: Plan) -> dict[int, str]:
+    """Each cohort's configuration digest as its drop-in on this node's disk holds it ("" where it cannot be
+    read): what the driver writes into a launching slot (driver_duties.launching). A file read per cohort."""
+    configs = {}
+    for cohort in plan.cohort_ids:
+        try:
+            with open(f"{engine_dropin_dir(plan, cohort)}/plan.conf", encoding="utf-8") as handle:
+                configs[cohort] = installed_config(handle.read())
+        except OSError:
+            configs[cohort] = ""
+    return configs
 
 
 def unit_state(unit: str) -> UnitState:
@@ -56,7 +104,7 @@ def track(plan: Plan, host: str, cohort: int, generation: int, *, engine_only: b
     started = monotonic_to_unix(props.get("ExecMainStartTimestampMonotonic", "0")) or time.time()
     return LocalRank(cohort=cohort, generation=generation, unit=unit, pid=pid, pidfd=pidfd,
                      cgroup=props.get("ControlGroup") or None, leader=plan.node(host).rank == 0, started=started,
-                     node=host, node_rank=plan.node(host).rank)
+                     node=host, node_rank=plan.node(host).rank, config=running_config(pid))
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,8 @@ CANARY_UNANSWERED = "canary-unanswered"  # an idle serving cohort gave no token 
 GPU_XID = "gpu-xid"  # an Xid the catalog resolves by restarting the application: its GPU context failed
 GPU_FAULT = "gpu-fault"  # the GPU needs a reset or the node service: the node is fenced
 NODE_FENCED = "node-fenced"  # a slot held dead while a node is fenced (relaunched by itself after the unfence)
+CONFIG_MISMATCH = "config-mismatch"  # a node's unit holds another configuration than the launching generation's
+MIXED_CONFIGURATION = "mixed-configuration"  # a generation's ranks run two configurations (started from different files)
 
 HEALTH_VERDICT_S = 1.0  # past a leader's health deadline: its probe's end, the declaration's write, the view back
 

@@ -8,7 +8,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from .coordination import Keys, RecordInvalid, Slot, gone_time
+from .coordination import Keys, RankRecord, RecordInvalid, Slot, gone_time
 from .etcd_client import KV, Etcd
 
 
@@ -55,6 +55,7 @@ class DeploymentView:
     gone: dict[tuple[int, int], dict[str, float]] = field(default_factory=dict)  # (cohort, generation) -> node -> when
     invalid: dict[str, Invalid] = field(default_factory=dict)  # key -> why it was ignored
     fenced: dict[str, dict] = field(default_factory=dict)  # node -> its fence record (a GPU out of service)
+    ranks: dict[int, dict[str, RankRecord]] = field(default_factory=dict)  # cohort -> node -> its rank's record
 
     def slot(self, cohort: int) -> Slot | None:
         entry = self.slots.get(cohort)
@@ -75,6 +76,7 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
     gone: dict[tuple[int, int], dict[str, float]] = {}
     invalid: dict[str, Invalid] = {}
     fenced: dict[str, dict] = {}
+    ranks: dict[int, dict[str, RankRecord]] = {}
     for kv in kvs:
         if not kv.key.startswith(keys.root):
             continue
@@ -94,6 +96,8 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
             elif parts[0] == "fenced" and len(parts) == 2:
                 record = json.loads(kv.value)
                 fenced[parts[1]] = record if isinstance(record, dict) else {"detail": str(record)}
+            elif parts[0] == "ranks" and len(parts) == 3:
+                ranks.setdefault(int(parts[1]), {})[parts[2]] = RankRecord.parse(kv.value)
             elif parts[0] == "gone" and len(parts) == 4:
                 when = gone_time(kv.value)
                 if when is not None:
@@ -106,7 +110,7 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
         except (ValueError, KeyError, TypeError):
             continue
     return DeploymentView(revision=revision, slots=slots, active=active, agents=frozenset(agents),
-                          gms_lost=gms_lost, gone=gone, invalid=invalid, fenced=fenced)
+                          gms_lost=gms_lost, gone=gone, invalid=invalid, fenced=fenced, ranks=ranks)
 
 
 def read_view(etcd: Etcd, keys: Keys, cohorts: frozenset[int]) -> DeploymentView:

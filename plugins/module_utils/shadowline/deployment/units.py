@@ -9,6 +9,8 @@ Functions take the typed plan; Ansible filters turn the `gms_plan` fact into one
 
 from __future__ import annotations
 
+import hashlib
+
 from ..model.policy import MANIFEST_NAME
 from .container import podman_run, stop_post
 from .plan import Plan, Process, on_host
@@ -231,9 +233,44 @@ def engine_template(plan: Plan) -> str:
     return "\n".join(unit)
 
 
+UNIT_DIR = "/etc/systemd/system"
+
+
+def engine_dropin_dir(plan: Plan, cohort: int) -> str:
+    """The directory of a cohort's drop-ins (plan.conf: its command and environment; model.conf)."""
+    return f"{UNIT_DIR}/{plan.unit_name('engine', cohort)}.d"
+
+
+def installed_config(dropin: str) -> str:
+    """The cohort configuration digest in an engine drop-in's text ("" when it has none)."""
+    prefix = f'Environment="{CONFIG_ENV}='
+    return next((line[len(prefix):].rstrip('"') for line in dropin.splitlines() if line.startswith(prefix)), "")
+
+
+CONFIG_ENV = "SHADOWLINE_COHORT_CONFIG"  # a rank's cohort configuration digest, in its environment (cohort_config)
+
+
+def cohort_config(plan: Plan, cohort: int) -> str:
+    """The digest of one cohort's configuration on every node together: each node's drop-in (command,
+    environment, paths, container) and the template unit, as rendered for this plan. Every rank of the cohort
+    carries it in its environment (``SHADOWLINE_COHORT_CONFIG``): ranks of one generation started from files of
+    two configurations (an upgrade's files installed on one node and not yet on another) differ in it, which the
+    agents refuse at start and declare failed when they find it running (control/node_duties.start_refusal,
+    control/driver_duties.mixed_generations). The model digest (model.conf) is not part of it: the readiness
+    gate holds every node to the same one."""
+    digest = hashlib.sha256(engine_template(plan).encode())
+    for node in sorted(plan.nodes, key=lambda n: n.rank):
+        digest.update(f"\0{node.host}\0".encode() + _engine_dropin(plan, node.host, cohort, {}).encode())
+    return digest.hexdigest()[:16]
+
+
 def engine_dropin(plan: Plan, host: str, cohort: int) -> str:
+    return _engine_dropin(plan, host, cohort, {CONFIG_ENV: cohort_config(plan, cohort)})
+
+
+def _engine_dropin(plan: Plan, host: str, cohort: int, config: dict[str, str]) -> str:
     process = plan.cohort(cohort).rank_on(host).process
-    env = {**process.env, "HOME": f"{plan.engines_dir}/{cohort}"}
+    env = {**process.env, "HOME": f"{plan.engines_dir}/{cohort}", **config}
     lines = ["[Service]"] + environment_lines(env)
     if plan.container:
         unit = plan.unit_name("engine", cohort)

@@ -1,0 +1,162 @@
+"""One configuration per generation (issue #37): a cohort's configuration digest in its units, the slot that names
+the configuration a launch starts from, a node's refusal to start its rank from another one, the records of what
+each node's rank runs, and the driver's declaration of a generation whose ranks run two (a mixed cohort). Pure
+decisions and rendering: no process, no etcd, no testbed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shadowline.control.actions import Declare, Launch, LaunchFailed, NoteMixed, PublishRank, Record, SwapSlot
+from shadowline.control.coordination import (
+    FAILED,
+    LAUNCHING,
+    RUNNING,
+    SLOT_SCHEMA,
+    Keys,
+    RankRecord,
+    RecordInvalid,
+    Slot,
+)
+from shadowline.control.driver_duties import mixed_generations, relaunch_due, unfenced_due
+from shadowline.control.etcd_client import KV
+from shadowline.control.memory import DriverMemory, Start
+from shadowline.control.node_duties import launch_due, publish_due, start_progress, start_refusal
+from shadowline.control.observe import UnitConfig, environment_value
+from shadowline.control.policy import CONFIG_MISMATCH, MIXED_CONFIGURATION, NODE_FENCED
+from shadowline.control.view import DeploymentView, SlotEntry, parse_view
+from shadowline.deployment import units
+
+from .test_agent_driver import HOSTS, POLICY
+from .test_agent_node import NOW, memory, rank
+from .test_plan import plan_for
+
+OLD, NEW = "a1a1a1a1a1a1a1a1", "b2b2b2b2b2b2b2b2"
+
+
+def view(*slots: Slot, ranks: dict[int, dict[str, RankRecord]] | None = None, gone: dict | None = None,
+         fenced: dict | None = None) -> DeploymentView:
+    return DeploymentView(slots={s.cohort: SlotEntry(s, 10 + s.cohort) for s in slots}, agents=frozenset(HOSTS),
+                          ranks=ranks or {}, gone=gone or {}, fenced=fenced or {})
+
+
+# --- the digest, in every rank's unit ---------------------------------------------------------------------------
+def test_every_nodes_dropin_carries_its_cohorts_digest_and_it_changes_with_any_nodes_command():
+    plan = plan_for(3, gms_engine={"tensor_parallel_size": 3})
+    digests = {units.installed_config(units.engine_dropin(plan, host, c)) for host in plan.hosts for c in (0,)}
+    assert digests == {units.cohort_config(plan, 0)}, "one digest for the cohort on every node"
+    assert units.cohort_config(plan, 0) != units.cohort_config(plan, 1), "each cohort has its own"
+    other = plan_for(3, gms_engine={"tensor_parallel_size": 3, "extra_args": ["--max-model-len", "2048"]})
+    assert units.cohort_config(other, 0) != units.cohort_config(plan, 0)
+    assert units.cohort_config(plan_for(3, gms_engine={"tensor_parallel_size": 3}), 0) == units.cohort_config(plan, 0)
+
+
+def test_the_digest_is_read_back_from_a_units_environment_and_a_dropin():
+    assert environment_value(["HOME=/x", f"{units.CONFIG_ENV}={NEW}", "A=b"], units.CONFIG_ENV) == NEW
+    assert environment_value(["HOME=/x"], units.CONFIG_ENV) == ""
+    assert units.installed_config("[Service]\nEnvironment=\"HOME=/x\"\n") == ""
+
+
+# --- the slot's configuration ------------------------------------------------------------------------------------
+def test_a_slot_carries_its_configuration_and_an_older_record_without_one_still_reads():
+    slot = Slot(cohort=1, generation=4, state=LAUNCHING, config=NEW)
+    data = json.loads(slot.to_json())
+    assert data["schema"] == SLOT_SCHEMA == 2 and data["config"] == NEW
+    assert Slot.parse(slot.to_json()) == slot
+    old = {"schema": 1, "cohort": 1, "generation": 4, "state": "running"}
+    assert Slot.parse(json.dumps(old)).config == ""
+    with pytest.raises(RecordInvalid, match="config"):
+        Slot.parse(json.dumps({**old, "config": 7}))
+
+
+def test_rank_records_are_parsed_into_the_view_and_broken_ones_ignored():
+    keys = Keys("demo")
+    good = KV(keys.rank(1, "node2"), RankRecord(4, NEW, 77).to_json().encode(), 5, 5, 0)
+    bad = KV(keys.rank(1, "node1"), b"{}", 6, 6, 0)
+    parsed = parse_view(keys, [good, bad], frozenset({0, 1}))
+    assert parsed.ranks == {1: {"node2": RankRecord(4, NEW, 77)}}
+    assert keys.rank(1, "node1") in parsed.invalid
+
+
+# --- a node's start: only from the generation's configuration -------------------------------------------------------
+@pytest.mark.parametrize(("expected", "unit", "refused"), [
+    (NEW, UnitConfig(NEW, False), ""),
+    ("", UnitConfig(OLD, False), ""),  # a slot of an older agent: whatever the unit holds
+    (NEW, UnitConfig(OLD, False), "the unit holds configuration a1a1"),
+    (NEW, UnitConfig("", False), "the unit holds configuration (none)"),
+    (NEW, UnitConfig(NEW, True), "daemon-reload pending"),  # the files on disk are not what a start would run
+])
+def test_a_node_starts_its_rank_only_from_the_configuration_the_generation_was_launched_with(expected, unit, refused):
+    why = start_refusal(expected, unit)
+    assert (why == "") == (refused == "") and refused in why
+
+
+def test_the_launch_takes_the_slots_configuration():
+    launching = Slot(cohort=1, generation=5, state=LAUNCHING, config=NEW, not_before=NOW.wall - 1)
+    assert Launch(1, 5, NEW) in launch_due(launching, memory(), NOW)
+
+
+def test_a_refused_start_declares_its_generation_failed_for_its_configuration():
+    start = Start(generation=5, since=NOW.mono - 0.1, refused="the unit holds configuration a1a1a1a1a1a1a1a1")
+    actions = start_progress(1, start, None, None, NOW)
+    assert [type(a) for a in actions] == [LaunchFailed, Declare]
+    assert actions[1].reason == CONFIG_MISMATCH and actions[1].generation == 5
+    assert "a1a1" in actions[0].failure
+
+
+# --- what each node's rank runs, in etcd ---------------------------------------------------------------------------
+def test_each_rank_is_published_once_with_its_generation_and_configuration():
+    node = memory(rank(0, 3), rank(1, 4))
+    node.ranks[0].config, node.ranks[1].config = OLD, NEW
+    assert publish_due(view(), node, "node0") == [PublishRank(0, 3, OLD, 4242), PublishRank(1, 4, NEW, 4243)]
+    written = view(ranks={0: {"node0": RankRecord(3, OLD)}, 1: {"node0": RankRecord(3, NEW)}})
+    assert publish_due(written, node, "node0") == [PublishRank(1, 4, NEW, 4243)], "only the one etcd lacks"
+    node.published[1] = (4, NEW)
+    assert publish_due(written, node, "node0") == [], "written already, the view not back yet"
+    node.ranks[0].generation = 0  # adopted, generation not known yet
+    assert publish_due(view(), memory(), "node0") == []
+
+
+# --- the driver: a mixed generation is declared failed, once ------------------------------------------------------
+MIXED_CASES = [
+    # (the ranks' records, declared?)
+    ({"node0": RankRecord(4, NEW), "node1": RankRecord(4, OLD), "node2": RankRecord(4, OLD)}, True),
+    ({"node0": RankRecord(4, NEW), "node1": RankRecord(4, NEW), "node2": RankRecord(4, NEW)}, False),
+    ({"node0": RankRecord(4, NEW), "node1": RankRecord(3, OLD)}, False),  # a late record of the generation before
+    ({"node0": RankRecord(4, NEW)}, False),  # the others not started yet
+    ({"node0": RankRecord(4, NEW), "node1": RankRecord(4, "")}, False),  # a rank of an older agent: unknown
+    ({"node0": RankRecord(5, NEW), "node1": RankRecord(5, OLD)}, False),  # not the slot's generation
+]
+
+
+@pytest.mark.parametrize(("records", "declared"), MIXED_CASES)
+@pytest.mark.parametrize("state", [RUNNING, LAUNCHING])
+def test_a_generation_whose_ranks_run_two_configurations_is_declared_failed(records, declared, state):
+    actions = mixed_generations(view(Slot(cohort=1, generation=4, state=state), ranks={1: records}), DriverMemory())
+    declarations = [a for a in actions if isinstance(a, Declare)]
+    assert bool(declarations) == declared
+    if declared:
+        assert declarations[0] == Declare(1, 4, MIXED_CONFIGURATION)
+        assert declarations[0].evidence["configs"] == {"node0": NEW, "node1": OLD, "node2": OLD}
+        record = next(a for a in actions if isinstance(a, Record))
+        assert record.event == MIXED_CONFIGURATION and "a1a1a1a1a1a1a1a1 on node1" in record.fields["detail"]
+        assert NoteMixed(1, 4) in actions
+
+
+def test_a_mixed_generation_is_declared_once_and_a_failed_one_never():
+    records = {1: {"node0": RankRecord(4, NEW), "node1": RankRecord(4, OLD)}}
+    assert mixed_generations(view(Slot(cohort=1, generation=4, state=RUNNING), ranks=records),
+                             DriverMemory(mixed={(1, 4)})) == []
+    assert mixed_generations(view(Slot(cohort=1, generation=4, state=FAILED), ranks=records), DriverMemory()) == []
+
+
+def test_every_launch_the_driver_writes_names_the_configuration_of_its_units():
+    failed = Slot(cohort=1, generation=4, state=FAILED, reason=MIXED_CONFIGURATION)
+    gone = {(1, 4): {h: NOW.wall for h in HOSTS}}
+    swap = relaunch_due(failed, 11, view(failed, gone=gone), HOSTS, DriverMemory(), memory(), POLICY, NOW, NEW)[-1]
+    assert isinstance(swap, SwapSlot) and swap.slot.generation == 5 and swap.slot.config == NEW
+    held = Slot(cohort=1, generation=4, state="dead", reason=NODE_FENCED)
+    (swap,) = unfenced_due(held, 11, view(held), NOW, NEW)
+    assert swap.slot.config == NEW
