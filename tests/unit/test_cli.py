@@ -100,17 +100,44 @@ def test_status_of_this_node_from_a_plan_file(installed: Path, tmp_path: Path):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(build_plan(contract).to_dict()))
     proc = shadowline(installed, "status", "--plan", str(plan), "--host", "node0")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, "every rank dead: the exit status says the deployment is not whole"
     rows = [line for line in proc.stdout.splitlines() if "node0" in line]
     assert len(rows) == 2 and all("dead" in row for row in rows), proc.stdout
+    wrong = shadowline(installed, "status", "--plan", str(plan), "--host", "node9")
+    assert wrong.returncode == 1 and "--host node9 is not a node of deployment clitest" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
+
+
+def test_bad_inputs_get_a_message_naming_them_never_a_traceback(installed: Path, tmp_path: Path):
+    not_a_report = tmp_path / "not-a-report.json"
+    not_a_report.write_text('{"fault": "kill-leader"}')
+    not_json = tmp_path / "plan.json"
+    not_json.write_text("nonsense")
+    cases = {
+        ("drill-report", str(not_a_report)): "is not a drill report",
+        ("drill-report", str(tmp_path / "missing.json")): "cannot read",
+        ("status", "--plan", str(tmp_path / "missing.json")): "cannot read the plan",
+        ("status", "--plan", str(not_json)): "is not a shadowline plan.json",
+    }
+    for argv, said in cases.items():
+        proc = shadowline(installed, *argv)
+        assert proc.returncode == 1 and said in proc.stderr and "Traceback" not in proc.stderr, (argv, proc.stderr)
+
+
+def test_version(installed: Path):
+    proc = shadowline(installed, "--version")
+    version = next(line.split('"')[1] for line in (ROOT / "pyproject.toml").read_text().splitlines()
+                   if line.startswith("version ="))
+    assert proc.returncode == 0 and proc.stdout.strip() == f"shadowline {version}", proc.stdout
 
 
 def test_plan_and_render_slurm_from_the_checkout_scripts():
     """scripts/show-plan and slurm/render are the same command (they call shadowline.cli)."""
-    show = subprocess.run([sys.executable, str(ROOT / "scripts" / "show-plan"), "inventories/local"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
-    assert show.returncode == 0, show.stderr
-    assert show.stdout.startswith("deployment local: backend standin")
+    for inventory in (["inventories/local"], ["-i", "inventories/local"]):  # -i as every other command takes it
+        show = subprocess.run([sys.executable, str(ROOT / "scripts" / "show-plan"), *inventory],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+        assert show.returncode == 0, show.stderr
+        assert show.stdout.startswith("deployment local: backend standin")
     assert "monitoring: server on local0 (Prometheus http://127.0.0.1:9090)" in show.stdout
     render = subprocess.run([sys.executable, str(ROOT / "slurm" / "render"), "--help"], capture_output=True,
                             text=True, timeout=60, check=False)
@@ -123,7 +150,7 @@ def test_status_through_ansible_prints_a_plain_table():
     proc = subprocess.run([sys.executable, "-m", "shadowline.cli", "status", "-i", "inventories/local"],
                           capture_output=True, text=True, cwd=ROOT, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "plugins" / "module_utils")}, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 1, "nothing runs here: not whole\n" + proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].split()[:3] == ["cohort", "role", "node"] and set(lines[1]) <= {"-", " "}
     assert [line.split()[:6] for line in lines[2:4]] == [["0", "primary", "local0", "0", "-", "dead"],

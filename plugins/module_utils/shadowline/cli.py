@@ -1,10 +1,12 @@
 """The `shadowline` command: the library's tools for a person at a terminal.
 
-  shadowline plan INVENTORY [--json]      the cohort plan of an inventory: every rank, its ports and command line
+  shadowline plan -i INVENTORY [--json]   the cohort plan of an inventory: every rank, its ports and command line
   shadowline render-slurm -i INVENTORY    a ready-to-submit sbatch script (what slurm/render does)
   shadowline drill-report FILE            the table and SVG timeline of a drill report (playbooks/drill.yml)
-  shadowline status [-i INVENTORY]        the status table from live state (what playbooks/status.yml prints)
+  shadowline status [-i INVENTORY]        the status table from live state (what playbooks/status.yml prints);
+                                          exit status 0 only when every rank is active, parked or running
   shadowline completion bash              a bash completion script: eval "$(shadowline completion bash)"
+  shadowline --version
 
 Installed with the package (`pip install .`: the console script `shadowline`); scripts/show-plan and
 slurm/render in a checkout call it. Subcommands that read an inventory run Ansible (ansible, ansible-playbook
@@ -19,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -52,23 +55,44 @@ def ansible_env() -> dict[str, str]:
 
 
 def plan_of(inventory: str) -> dict:
-    """The plan as shadowline.gms.cohort_plan computes it: Ansible templates the inventory, no host is contacted."""
-    run = subprocess.run([ansible_tool("ansible"), "-i", inventory, "gms_nodes[0]", "-o", "-m",
-                          "shadowline.gms.cohort_plan"], capture_output=True, text=True,
-                         cwd=CHECKOUT if in_checkout() else None, env=ansible_env(), check=False)
-    try:  # one line per host: "<host> | SUCCESS => {...}"
-        result = json.loads(run.stdout.split(" => ", 1)[1])
-    except (ValueError, IndexError):
-        raise SystemExit(f"{PROG} plan: ansible failed:\n{run.stdout}{run.stderr}") from None
-    if result.get("failed") or "plan" not in result:  # the one-line output of a failure has no "failed" key
-        raise SystemExit(result.get("msg", "the cohort plan failed"))
+    """The plan as shadowline.gms.cohort_plan computes it: Ansible templates the inventory, no host is contacted.
+    The module's result is read from the file ansible-core's own tree callback writes for the host (not from
+    ``ansible -o``'s one-line screen format)."""
+    with tempfile.TemporaryDirectory(prefix="shadowline-plan-") as tree:
+        env = {**ansible_env(), "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.tree",
+               "ANSIBLE_CALLBACK_TREE_DIR": tree}
+        run = subprocess.run([ansible_tool("ansible"), "-i", inventory, "gms_nodes[0]", "-m",
+                              "shadowline.gms.cohort_plan"], capture_output=True, text=True,
+                             cwd=CHECKOUT if in_checkout() else None, env=env, check=False)
+        results = [json.loads(path.read_text()) for path in Path(tree).iterdir()]
+    if not results:
+        raise SystemExit(f"{PROG} plan: no node in group gms_nodes of {inventory}, or ansible failed:\n"
+                         f"{run.stdout[-2000:]}{run.stderr[-2000:]}")
+    result = results[0]
+    if result.get("failed") or "plan" not in result:
+        raise SystemExit(f"{PROG} plan: {result.get('msg', 'the cohort plan failed')}")
     return result["plan"]
+
+
+def version() -> str:
+    """The installed package's version, else the checkout's galaxy.yml one."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+    try:
+        return installed(PROG)
+    except PackageNotFoundError:
+        galaxy = CHECKOUT / "galaxy.yml"
+        lines = galaxy.read_text().splitlines() if galaxy.exists() else []
+        return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("version:")), "unknown")
 
 
 # -- subcommands ---------------------------------------------------------------------------------------------- #
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    plan = plan_of(args.inventory)
+    inventory = args.inventory or args.inventory_positional
+    if not inventory:
+        raise SystemExit(f"{PROG} plan: give -i INVENTORY")
+    plan = plan_of(inventory)
     if args.json:
         console.out(json.dumps(plan, indent=2))
         return 0
@@ -110,7 +134,12 @@ def cmd_drill_report(args: argparse.Namespace) -> int:
         report = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise SystemExit(f"{PROG} drill-report: cannot read {path}: {err}") from None
-    for line in render_timeline_table(report):
+    try:
+        lines = render_timeline_table(report)
+    except (KeyError, TypeError, AttributeError, ValueError) as err:
+        raise SystemExit(f"{PROG} drill-report: {path} is not a drill report (the JSON playbooks/drill.yml writes "
+                         f"with -e drill_report=PATH): {type(err).__name__} {err}") from None
+    for line in lines:
         console.out(line)
     evidence = report.get("evidence") or {}
     if args.svg != "-" and "requests" in evidence:
@@ -132,7 +161,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         console.err(run.stdout + run.stderr)
     for line in lines:
         console.out(line)
-    return run.returncode or (0 if lines else 1)
+    from .control.status_table import table_states, whole
+    return run.returncode or (0 if whole(table_states(lines)) else 1)
 
 
 STATUS_TASK = "TASK [Print the status table]"
@@ -155,14 +185,23 @@ def status_lines(output: str) -> list[str]:
 def local_status(plan_path: str, host: str | None) -> int:
     """This node's rows, read here without Ansible (on a node: the plan.json the agent role writes)."""
     from .control.cohort_state import lock_holder, rank_states
-    from .control.status_table import render_status_table
+    from .control.status_table import render_status_table, whole
     from .deployment.plan import Plan
-    plan = Plan.load(plan_path)
+    try:
+        plan = Plan.load(plan_path)
+    except OSError as err:
+        raise SystemExit(f"{PROG} status: cannot read the plan {plan_path}: {err.strerror}") from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"{PROG} status: {plan_path} is not a shadowline plan.json ({type(err).__name__}: {err})"
+                         ) from None
+    if host is not None and host not in plan.hosts:
+        raise SystemExit(f"{PROG} status: --host {host} is not a node of deployment {plan.deployment} "
+                         f"(nodes: {', '.join(plan.hosts)})")
     host = host or next((n.host for n in plan.nodes if n.host == os.uname().nodename), plan.leader_node.host)
     ranks = rank_states(plan, host, plan.failover.health_timeout_s)
     holder = lock_holder(plan.lock_path) if any(r["leader"] for r in ranks) else None
     console.out(render_status_table(ranks, holder, f"{plan.model_id}@{plan.revision[:12]}"))
-    return 0
+    return 0 if whole([r["state"] for r in ranks]) else 1
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
@@ -210,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="shadowline: shadow-engine failover for GPU clusters (NVIDIA Dynamo GMS), without Kubernetes.",
         epilog="Each subcommand has its own --help. Deploying, drills and failovers are playbooks "
                "(ansible-playbook -i INVENTORY playbooks/site.yml ...): see README.md.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def add(name: str, func: Callable[[argparse.Namespace], int], summary: str, description: str
@@ -223,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
                "Print the cohort plan of an inventory: the deployment, its infra endpoints, and one line per rank of "
                "every cohort with its ports and exact command line.\nAnsible reads and templates the inventory and "
                "shadowline.gms.cohort_plan builds the plan; no host is contacted.")
-    plan.add_argument("inventory", metavar="INVENTORY", help="inventory file or directory (as for ansible-playbook -i)")
+    plan.add_argument("-i", "--inventory", help="inventory file or directory (as for ansible-playbook -i)")
+    plan.add_argument("inventory_positional", nargs="?", metavar="INVENTORY", help="the same, as an argument")
     plan.add_argument("--json", action="store_true", help="print the whole plan as JSON (the gms_plan fact)")
 
     slurm = add("render-slurm", cmd_render_slurm, "render a ready-to-submit sbatch script",
@@ -255,7 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     status = add("status", cmd_status, "the status table from live state",
                  "One table from live state: cohort, role, node, rank, pid, state (parked / waking / active / wedged "
                  "/ dead), lock holder, ports, model.\nWith -i: every node, through Ansible (playbooks/status.yml). "
-                 "With --plan: this node only, read here (on a node: /etc/shadowline/<deployment>/plan.json).")
+                 "With --plan: this node only, read here (on a node: /etc/shadowline/<deployment>/plan.json).\n"
+                 "Exit status 0 when every rank shown is active, parked or running; 1 otherwise (a rank dead, "
+                 "wedged, starting or waking, or no answer).")
     where = status.add_mutually_exclusive_group()
     where.add_argument("-i", "--inventory", default="inventories/testbed" if in_checkout() else None,
                        help="inventory (default in a checkout: inventories/testbed, the testbed deployment)")
@@ -273,7 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "status" and not args.plan and not args.inventory:
         raise SystemExit(f"{PROG} status: give -i INVENTORY or --plan PLAN.json")
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:  # the reader went away (| head): nothing more to say
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

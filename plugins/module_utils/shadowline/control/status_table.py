@@ -5,6 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 COLUMNS = ("cohort", "role", "node", "rank", "pid", "state", "lock", "ports (master/system/nixl)", "model")
+HEALTHY = frozenset({"active", "parked", "running"})  # a rank's states of a whole deployment (headless: running)
+
+
+def whole(states: list[str]) -> bool:
+    """Is a deployment whose ranks show ``states`` whole (every rank serving, parked or running, and some rank
+    at all)? The exit status of ``shadowline status``: anything dead, wedged, starting or waking is not."""
+    return bool(states) and all(state in HEALTHY for state in states)
+
+
+def table_states(lines: list[str]) -> list[str]:
+    """The state column of a printed status table's rows (its header names the columns)."""
+    if not lines or "state" not in lines[0].split():
+        return []
+    column = lines[0].split().index("state")
+    return [line.split()[column] for line in lines[2:] if len(line.split()) > column
+            and not line.startswith("lock holder:")]
 
 
 def status_rows(ranks: list[dict[str, Any]], holder: str | None, model: str) -> list[tuple[str, ...]]:
