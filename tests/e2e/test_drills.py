@@ -387,7 +387,7 @@ def test_a_cohort_found_on_two_configurations_is_declared_failed_and_relaunched_
         e for e in events() if e["time"] >= started and e["event"] == "mixed-configuration"
         and e["cohort"] == parked], 60)
     assert found[0]["detail"]["configs"]["node1"] == "mixedbytest00000", found
-    assert len({c for c in found[0]["detail"]["configs"].values()}) == 2, found
+    assert len(set(found[0]["detail"]["configs"].values())) == 2, found
     wanted = cohort_config(d.plan(), parked)
     wait_for(f"cohort {parked} relaunched on one configuration", lambda: all(
         running_config(h, parked) == wanted for h in NODES) and leader_states().get(parked) == "standby", 90)

@@ -104,11 +104,16 @@ XIDS: dict[int, tuple[str, str, str, str]] = {
 
 # Xid 154's text and NVML's recovery-action event name a recovery action: the catalog's strings ("None", "Drain
 # P2P", "Drain and Reset", "GPU Reset Required", "Node Reboot Required") and nvidia-ml-py's
-# NVML_GPU_RECOVERY_ACTION_* values (0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset).
+# NVML_GPU_RECOVERY_ACTION_* values (0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset; and, in
+# nvidia-ml-py 13.615, 5 recover the IMEX domain, 6 bus reset, 7 system reboot: each takes the GPU out of service
+# until someone acts, so each fences the node).
 RECOVERY_ACTIONS: dict[int, tuple[str, str]] = {
     0: ("None", NONE),
     1: ("GPU Reset Required", RESET_GPU),
     2: ("Node Reboot Required", NODE_SERVICE),
     3: ("Drain P2P", RESET_GPU),
     4: ("Drain and Reset", RESET_GPU),
+    5: ("Recover IMEX Domain", NODE_SERVICE),
+    6: ("Bus Reset", RESET_GPU),
+    7: ("System Reboot", NODE_SERVICE),
 }
