@@ -171,6 +171,8 @@ def test_yaml_and_ansible_inventories_render_the_same(tmp_path):
     ({"extra_sbatch": ["--nodes=4"]}, "gms_slurm.extra_sbatch", "gms_engine.nnodes"),
     ({"partiton": "gpu"}, "gms_slurm.partiton", "did you mean 'partition'"),
     ({"output_dir": "relative/dir"}, "gms_slurm.output_dir", "absolute path"),
+    ({"node_dir": "/tmp"}, "gms_slurm.node_dir", "a system directory"),  # the job removes node_dir (issue #42)
+    ({"node_dir": "/scratch/../home"}, "gms_slurm.node_dir", "it means /home"),
     ({"gpus_per_node": "eight"}, "gms_slurm.gpus_per_node", "whole number"),
     ({"container_runtime": "docker"}, "gms_slurm.container_runtime", "pyxis, apptainer"),
     ({"stop_grace_s": 0}, "gms_slurm.stop_grace_s", "1..3600"),

@@ -360,3 +360,75 @@ def test_gms_insecure_is_not_switched_on_a_running_deployment(tmp_path, monkeypa
         hv, hosts = hostvars(1, gms_insecure=insecure)
         (config / "plan.json").write_text(json.dumps(build_plan(parse_contract(hv, hosts)[0]).to_dict()))
         assert gather("llama", None, None, None, None, None)["running_secure"] is (not insecure)
+
+
+# -- paths (issue #42: teardown must never be pointed at a directory the deployment does not own) --------------- #
+
+PATH_FIELDS = {  # field -> (the variables that set it to a value, a good value)
+    "gms_socket_dir": (lambda v: {"gms_socket_dir": v}, "/srv/shadowline/llama/gms"),
+    "gms_lock_path": (lambda v: {"gms_lock_path": v}, "/srv/shadowline/llama/failover.lock"),
+    "gms_python": (lambda v: {"gms_python": v}, "/srv/shadowline/venv/bin/python"),
+    "gms_model.local_dir": (lambda v: {"gms_model": {"local_dir": v}}, "/srv/models/llama/rev"),
+    "gms_secrets_dir": (lambda v: {"gms_secrets_dir": v}, "/srv/secrets/llama"),
+    "gms_model_hf_token_file": (lambda v: {"gms_model_hf_token_file": v}, "/etc/shadowline/hf-token"),
+    "gms_binaries.etcd": (lambda v: {"gms_binaries": {"etcd": v}}, "/srv/bin/etcd"),
+}
+
+
+def path_problems(field: str, value) -> list[str]:
+    variables, _good = PATH_FIELDS[field]
+    return problems_of(**variables(value))
+
+
+@pytest.mark.parametrize("field", sorted(PATH_FIELDS))
+def test_every_path_variable_takes_a_plain_deep_path(field):
+    assert path_problems(field, PATH_FIELDS[field][1]) == []
+
+
+@pytest.mark.parametrize("field", sorted(PATH_FIELDS))
+@pytest.mark.parametrize("value, wanted", [
+    ("/", "is /, the root directory"),
+    ("/tmp", "is /tmp, a system directory"),
+    ("/dev/shm", "is /dev/shm, a system directory"),
+    ("/etc", "is /etc, a system directory"),
+    ("/var/lib", "is /var/lib, a system directory"),
+    ("/usr/local/bin", "is /usr/local/bin, a system directory"),
+    ("/shadowline", "is /shadowline, directly below /: a deployment's path must be at least 2 levels deep"),
+    ("/run/shadowline/../../etc/failover.lock", "'/run/shadowline/../../etc/failover.lock' is not written as the "
+                                                "path itself ('.', '..', '//' or a trailing '/'); it means /etc/failover.lock."),
+    ("/srv/./gms", "it means /srv/gms"),
+    ("/srv//gms", "it means /srv/gms"),
+    ("/srv/gms/", "it means /srv/gms"),
+    ("relative/gms", "must be an absolute path"),
+])
+def test_a_path_variable_is_refused_naming_the_field_and_the_fix(field, value, wanted):
+    msgs = path_problems(field, value)
+    assert len(msgs) == 1 and msgs[0].startswith(f"{field}: "), msgs
+    assert wanted in msgs[0] and " Fix: " in msgs[0], msgs
+
+
+def test_the_issue_42_paths_are_refused():
+    """The paths of issue #42 that preflight passed and teardown would have removed (or their parents)."""
+    msgs = problems_of(gms_socket_dir="/", gms_lock_path="/run/shadowline/../../etc/failover.lock",
+                       gms_model={"local_dir": "/etc"})
+    assert [m.split(":")[0] for m in msgs] == ["gms_model.local_dir", "gms_socket_dir", "gms_lock_path"], msgs
+    assert "Fix: set gms_socket_dir to a path of the deployment's own below it, such as /run/shadowline/" in msgs[1]
+    # two levels deep below a system directory is the deployment's own (teardown removes only what it made there)
+    assert problems_of(gms_socket_dir="/tmp/gms", gms_model={"local_dir": "/dev/shm/models/llama"}) == []
+
+
+def test_controller_paths_take_the_home_directory_but_not_home_itself():
+    assert problems_of(gms_secrets_dir="~/.shadowline/secrets/llama", gms_model_hf_token_file="~/hf-token") == []
+    (msg,) = problems_of(gms_secrets_dir="~/")
+    assert msg.startswith("gms_secrets_dir: '~/' is not written as the path itself"), msg
+    (msg,) = problems_of(gms_secrets_dir="~/a/../../etc")
+    assert "it means ~/etc" in msg, msg
+
+
+def test_the_system_directories_have_one_home():
+    from shadowline.deployment.values import SYSTEM_DIRECTORIES, path_problem
+
+    for directory in ("/", "/tmp", "/dev/shm", "/etc", "/var/run", "/var/tmp", "/usr/local/bin", "/run"):
+        assert directory in SYSTEM_DIRECTORIES
+        assert path_problem(directory) is not None
+    assert all(d == "/" or path_problem(d + "/x/y") is None for d in SYSTEM_DIRECTORIES)

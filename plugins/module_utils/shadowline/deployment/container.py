@@ -63,6 +63,9 @@ def parse_container(read: Reader, value: Any, backend_name: str) -> Container | 
                      "set it to a `podman save` archive of the image (build/standin-runtime.tar), or leave it "
                      "empty to pull the image.")
         ok = False
+    elif archive.startswith(("/", "~/")) and read.path("gms_container.archive", archive,
+                                                       "/srv/images/standin-runtime.tar", home_ok=True) is None:
+        ok = False
     runtime = values["runtime"]
     if runtime not in OCI_RUNTIMES:
         read.problem("gms_container.runtime", f"is {describe(runtime)}, not one of crun, runc.",

@@ -337,6 +337,9 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
     lock_path = _absolute_path(read, "gms_lock_path", lock_path) if lock_path else None
     python = shared.get("gms_python") or (DEFAULT_PYTHON.format(deployment=deployment) if deployment else None)
     python = _absolute_path(read, "gms_python", python) if python else None
+    token_file = shared.get("gms_model_hf_token_file")
+    if token_file is not None:  # read on the nodes by the model module (model/hf_token.py), ~ its user's home
+        read.path("gms_model_hf_token_file", token_file, PATH_EXAMPLES["gms_model_hf_token_file"], home_ok=True)
 
     if model is not None:
         _check_model_policy(read, model, allow_unpinned, allow_pickle)
@@ -406,7 +409,7 @@ def _secrets_dir(read: Reader, value: Any, deployment: str | None) -> str | None
     if value is None:
         return DEFAULT_SECRETS_DIR.format(deployment=deployment) if deployment else None
     if isinstance(value, str) and value.startswith(("/", "~/")) and not any(c.isspace() for c in value):
-        return value.rstrip("/")
+        return read.path("gms_secrets_dir", value, PATH_EXAMPLES["gms_secrets_dir"], home_ok=True)
     read.problem("gms_secrets_dir", f"must be an absolute path (or ~/...) on the controller, got {describe(value)}.",
                  "leave it unset for ~/.shadowline/secrets/<deployment>, or name a private directory outside any "
                  "checkout, such as /root/.shadowline/secrets/llama-70b.")
@@ -734,12 +737,12 @@ PATH_EXAMPLES = {
     "gms_binaries.etcd": DEFAULT_BINARIES["etcd"],
     "gms_binaries.nats_server": DEFAULT_BINARIES["nats_server"],
     "gms_binaries.haproxy": DEFAULT_BINARIES["haproxy"],
+    "gms_secrets_dir": "~/.shadowline/secrets/<deployment>",
+    "gms_model_hf_token_file": "/etc/shadowline/hf-token",
 }
 
 
 def _absolute_path(read: Reader, field_name: str, value: Any) -> str | None:
-    if isinstance(value, str) and value.startswith("/") and "\n" not in value and " " not in value:
-        return value.rstrip("/") or "/"
-    read.problem(field_name, f"must be an absolute path without spaces, got {describe(value)}.",
-                 f"set {field_name} to an absolute path such as {PATH_EXAMPLES[field_name]}.")
-    return None
+    """A path of the nodes: absolute, normalised, not the root or a system directory, two levels deep at least
+    (values.path_problem); a problem naming the field and the fix otherwise."""
+    return read.path(field_name, value, PATH_EXAMPLES[field_name])

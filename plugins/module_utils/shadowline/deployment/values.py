@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import posixpath
 from typing import Any
 
 from .problems import Problem
@@ -79,6 +80,21 @@ class Reader:
         self.problem(field, f"must be a non-empty string, got {describe(value)}.", f"set {field}, for example {example}.")
         return None
 
+    def path(self, field: str, value: Any, example: str, home_ok: bool = False) -> str | None:
+        """A path of the deployment (path_problem's rules): absolute (or ~/... where ``home_ok``: a controller
+        path), without spaces, normalised, neither the root nor a system directory, at least two levels deep."""
+        if not (isinstance(value, str) and value.startswith(("/", "~/") if home_ok else "/")
+                and not any(c.isspace() for c in value)):
+            where = " (or ~/...)" if home_ok else ""
+            self.problem(field, f"must be an absolute path{where} without spaces, got {describe(value)}.",
+                         f"set {field} to an absolute path such as {example}.")
+            return None
+        wrong = path_problem(value)
+        if wrong is not None:
+            self.problem(field, wrong[0], wrong[1].format(field=field, example=example))
+            return None
+        return value
+
     def choice(self, field: str, value: Any, choices: list[str]) -> str | None:
         if isinstance(value, str) and value in choices:
             return value
@@ -99,6 +115,46 @@ class Reader:
             self.problem(field, f"must be a list of strings, got {describe(value)}.",
                          f"write it as a YAML list, one argument per item: {example}.")
         return None
+
+
+# The directories of the system no path of a deployment may be: the roles create a deployment's directories and
+# give them to its service user, and teardown removes what the deployment created (docs/roles.md, Teardown).
+# The one home of this list (deployment/values.py): the contract's paths, gms_slurm's and the docs use it.
+SYSTEM_DIRECTORIES = frozenset({
+    "/", "/bin", "/boot", "/dev", "/dev/shm", "/dev/mqueue", "/dev/hugepages", "/etc", "/etc/systemd",
+    "/etc/systemd/system", "/etc/tmpfiles.d", "/etc/default", "/etc/ssl", "/home", "/lib", "/lib32", "/lib64",
+    "/libx32", "/lost+found", "/media", "/mnt", "/opt", "/proc", "/root", "/run", "/run/lock", "/run/user",
+    "/run/systemd", "/sbin", "/snap", "/srv", "/sys", "/sys/fs/cgroup", "/tmp", "/usr", "/usr/bin", "/usr/include",
+    "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/usr/local", "/usr/local/bin", "/usr/local/etc",
+    "/usr/local/lib", "/usr/local/sbin", "/usr/local/share", "/usr/sbin", "/usr/share", "/usr/src", "/var",
+    "/var/backups", "/var/cache", "/var/lib", "/var/local", "/var/lock", "/var/log", "/var/mail", "/var/opt",
+    "/var/run", "/var/spool", "/var/tmp",
+})
+MIN_PATH_DEPTH = 2  # /<a>/<b> at least: a path one level below the root is the root's own entry
+
+
+def path_problem(path: str) -> tuple[str, str] | None:
+    """What is wrong with an absolute path (or ~/... of the controller) of a deployment, and the fix (with
+    {field} and {example} to fill in); None when it is fine. A path must be written as itself (no '.', '..',
+    '//' or trailing '/', which would make it another path than it looks), must not be the root or a system
+    directory (SYSTEM_DIRECTORIES), and must be at least MIN_PATH_DEPTH levels deep."""
+    home = path.startswith("~/")
+    body = path[1:] if home else path
+    parts = body.split("/")[1:]
+    if any(part in ("", ".", "..") for part in parts) and path != "/":
+        means = posixpath.normpath("/" + "/".join(parts)) if not home else "~" + posixpath.normpath(body)
+        return (f"{path!r} is not written as the path itself ('.', '..', '//' or a trailing '/'); it means {means}.",
+                "write {field} as a plain absolute path, without '.', '..', '//' or a trailing '/', "
+                "such as {example}.")
+    if not home and path in SYSTEM_DIRECTORIES:
+        what = "the root directory" if path == "/" else "a system directory"
+        return (f"is {path}, {what}: a deployment's directories are its own (the roles give them to the service "
+                "user, and teardown removes what the deployment created).",
+                "set {field} to a path of the deployment's own below it, such as {example}.")
+    if not home and len(parts) < MIN_PATH_DEPTH:
+        return (f"is {path}, directly below /: a deployment's path must be at least {MIN_PATH_DEPTH} levels deep.",
+                "set {field} to a path at least two levels deep, such as {example}.")
+    return None
 
 
 def as_int(value: Any) -> int | None:

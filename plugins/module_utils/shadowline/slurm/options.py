@@ -185,7 +185,8 @@ def _absolute(read: Reader, key: str, value: Any, example: str) -> str | None:
     if value is None:
         return None
     if isinstance(value, str) and value.startswith("/") and not any(c in value for c in " \n'\"`$\\"):
-        return value.rstrip("/") or "/"
+        # normalised, not the root or a system directory (the job removes node_dir at its start and end)
+        return read.path(f"gms_slurm.{key}", value, example)
     read.problem(f"gms_slurm.{key}", f"must be an absolute path without spaces or quotes, got {describe(value)}.",
                  f"set gms_slurm.{key} to an absolute path such as {example}.")
     return None
