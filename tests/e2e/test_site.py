@@ -12,7 +12,12 @@ two shadows. The tests run in file order and build on each other (one deployment
    nothing else that need not (only the agents, which follow the plan): never the serving primary;
    then ``gms_frontend_tls: mutual``: the frontend alone restarts, serves HTTPS to a client of the deployment's
    CA only, and smoke.yml and a kill-leader drill pass over it;
-5. teardown.yml leaves no unit, process, listening port or directory of the deployment on any host.
+5. teardown.yml leaves no unit, process, listening port or directory of the deployment on any host, and
+   nothing else (issue #42): the deployment's socket directory and model directory are user-given paths here
+   (host_vars beside the inventory, for this file only), and sentinel files planted beside and above each of them
+   and beside the state and configuration directories before the first site.yml are all still there after
+   site.yml, after teardown.yml and after teardown.yml -e teardown_models=true (which removes the staged model,
+   and only it).
 
 Only real outcomes are asserted: the PLAY RECAP, HTTP answers from the frontend, and, inside the hosts,
 ``systemctl``, ``ss -ltnp``, ``ps`` and ``/proc``. The durations of the first converge and of the second run are
@@ -34,6 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import yaml
 
 from shadowline.control import discovery
 from shadowline.control.access import agent_url, client_context, controller_etcd, frontend_context
@@ -42,7 +48,9 @@ from shadowline.control.http import http_get
 from shadowline.deployment.pki import ensure_pki
 from shadowline.deployment.plan import Plan
 
+from .launch import REPO
 from .site_helpers import (
+    SITE_INVENTORY,
     PlaybookRun,
     ansible_adhoc,
     chat_completion,
@@ -104,11 +112,69 @@ class Site:
         return run_playbook("site.yml", *args, *flags, log_name=name)
 
 
+# -- user-given paths and the sentinels beside and above them (issue #42) ----------------------------------------- #
+
+# The socket directory (with the lock in it) and the model's directory are the user's choice in this file, below
+# directories the user made (with files of their own in them) that the deployment must leave as they are. Not
+# /tmp: the units have PrivateTmp=yes.
+USER_SOCKET_DIR = "/srv/sl-victim/gms"
+USER_MODEL_PARENT = "/srv/sl-models/tiny-llama"
+SENTINELS = [
+    "/srv/sl-victim/keep",  # beside the socket directory: teardown removed this directory's whole tree once
+    "/srv/sl-keep",  # above the socket directory and the model's
+    f"{USER_MODEL_PARENT}/keep",  # beside the model's directory
+    "/srv/sl-models/keep",  # above it
+    "/var/lib/shadowline/keep",  # beside the state directory (and above the default models)
+    "/etc/shadowline/keep",  # beside the configuration directory
+]
+USER_DIRS = ["/srv/sl-victim", "/srv/sl-models", "/srv/sl-keep"]
+
+
+def user_paths() -> dict[str, Any]:
+    """host_vars of every node: the testbed's gms_model with a local_dir of the user's, and gms_socket_dir and
+    gms_lock_path of the user's."""
+    model = yaml.safe_load((REPO / "inventories" / "testbed" / "group_vars" / "gms_nodes.yml").read_text())["gms_model"]
+    return {"gms_socket_dir": USER_SOCKET_DIR, "gms_lock_path": f"{USER_SOCKET_DIR}/failover.lock",
+            "gms_model": {**model, "local_dir": f"{USER_MODEL_PARENT}/{model['revision']}"}}
+
+
+HOST_VARS = SITE_INVENTORY / "host_vars"
+
+
+def forget_user_paths() -> None:
+    for host in HOSTS:
+        with contextlib.suppress(FileNotFoundError):
+            (HOST_VARS / f"{host}.yml").unlink()
+    with contextlib.suppress(OSError):
+        HOST_VARS.rmdir()
+
+
+def plant_sentinels() -> None:
+    for host in HOSTS:
+        host_sh(host, "set -e; " + "; ".join(f"mkdir -p {os.path.dirname(p)} && echo {p} > {p}" for p in SENTINELS))
+
+
+def check_sentinels(when: str) -> None:
+    for host in HOSTS:
+        found = host_sh(host, "; ".join(f"cat {p} 2>/dev/null || echo MISSING {p}" for p in SENTINELS))
+        assert found.split("\n")[:len(SENTINELS)] == SENTINELS, f"{host}, {when}: a file not the deployment's is gone:\n{found}"
+
+
 @pytest.fixture(scope="module")
 def site(site_testbed: Any, site_runtime: Path, tmp_path_factory: pytest.TempPathFactory,
          request: pytest.FixtureRequest) -> Iterator[Site]:
     state = Site(tmp_path_factory.mktemp("site"))
-    yield state
+    forget_user_paths()
+    HOST_VARS.mkdir()
+    for host in HOSTS:
+        (HOST_VARS / f"{host}.yml").write_text(yaml.safe_dump(user_paths()))
+    plant_sentinels()
+    try:
+        yield state
+    finally:
+        forget_user_paths()  # the other files on this testbed deploy with the default paths
+        for host in HOSTS:
+            host_rc(host, f"rm -rf {' '.join(USER_DIRS)} {' '.join(SENTINELS)}")
     if state.timings:
         say(request, "site.yml timings on the 3-host testbed: "
                      + ", ".join(f"{k} {v} s" for k, v in state.timings.items()))
@@ -168,6 +234,10 @@ def test_site_converges_from_nothing(site: Site, request: pytest.FixtureRequest)
             expected |= {f"shadowline-demo-{k}.service" for k in ("etcd", "nats", "frontend")}
         assert expected <= set(units), f"{host}: units {sorted(units)}"
         assert all(units[u]["ActiveState"] == "active" for u in expected), f"{host}: {units}"
+        # the user's socket directory: made here, so the deployment's (its marker); its parent stays the user's
+        assert host_sh(host, f"cat {USER_SOCKET_DIR}/.shadowline-deployment; ls -A {os.path.dirname(USER_SOCKET_DIR)}"
+                       ).split() == [DEPLOYMENT, "gms", "keep"], f"{host}: {USER_SOCKET_DIR}"
+    check_sentinels("after the first site.yml")
     site.steps["converged"] = True
 
 
@@ -658,4 +728,22 @@ def test_teardown_leaves_nothing(site: Site) -> None:
         now = listeners(host)
         assert now == site.baseline_listeners[host], \
             f"{host}: listening after teardown {now}, before the deployment {site.baseline_listeners[host]}"
+        # the staged model is kept without teardown_models
+        assert host_rc(host, f"test -f {plan['model_dir']}/shadowline-manifest.json")[0] == 0, f"{host}: model gone"
+    assert "[WARNING]: kept" not in run.output, "teardown kept a directory the deployment made (no marker?)"
+    check_sentinels("after teardown.yml")
     site.steps["torn down"] = True
+
+
+def test_teardown_of_the_models_removes_the_staged_model_and_nothing_else(site: Site) -> None:
+    """teardown.yml -e teardown_models=true, once the rest is gone: the model's directory (it holds shadowline's
+    staging manifest of the model) goes, every sentinel beside and above it stays."""
+    site.need("torn down")
+    plan = site.plan()
+    assert plan["model_dir"].startswith(USER_MODEL_PARENT + "/") and plan["socket_dir"] == USER_SOCKET_DIR
+    run = run_playbook("teardown.yml", "-e", "teardown_models=true", log_name="site-5-teardown-models")
+    site.timings["teardown of the models"] = run.seconds
+    assert run.ok(), f"teardown.yml -e teardown_models=true failed (rc {run.returncode}):\n{run.tail()}"
+    for host in HOSTS:
+        assert host_rc(host, f"test -e {plan['model_dir']}")[0] != 0, f"{host}: {plan['model_dir']} is left"
+    check_sentinels("after teardown.yml -e teardown_models=true")
