@@ -24,7 +24,7 @@ from shadowline.control.driver_duties import mixed_generations, relaunch_due, un
 from shadowline.control.etcd_client import KV
 from shadowline.control.memory import DriverMemory, Start
 from shadowline.control.node_duties import launch_due, publish_due, start_progress, start_refusal
-from shadowline.control.observe import UnitConfig, environment_value
+from shadowline.control.observe import environment_value
 from shadowline.control.policy import CONFIG_MISMATCH, MIXED_CONFIGURATION, NODE_FENCED
 from shadowline.control.view import DeploymentView, SlotEntry, parse_view
 from shadowline.deployment import units
@@ -81,15 +81,15 @@ def test_rank_records_are_parsed_into_the_view_and_broken_ones_ignored():
 
 
 # --- a node's start: only from the generation's configuration -------------------------------------------------------
-@pytest.mark.parametrize(("expected", "unit", "refused"), [
-    (NEW, UnitConfig(NEW, False), ""),
-    ("", UnitConfig(OLD, False), ""),  # a slot of an older agent: whatever the unit holds
-    (NEW, UnitConfig(OLD, False), "the unit holds configuration a1a1"),
-    (NEW, UnitConfig("", False), "the unit holds configuration (none)"),
-    (NEW, UnitConfig(NEW, True), "daemon-reload pending"),  # the files on disk are not what a start would run
+@pytest.mark.parametrize(("expected", "installed", "refused"), [
+    (NEW, NEW, ""),
+    ("", OLD, ""),  # a slot of an older agent: whatever the unit holds
+    (NEW, OLD, "the unit holds configuration a1a1"),
+    (NEW, "", "the unit holds configuration (none)"),
 ])
-def test_a_node_starts_its_rank_only_from_the_configuration_the_generation_was_launched_with(expected, unit, refused):
-    why = start_refusal(expected, unit)
+def test_a_node_starts_its_rank_only_from_the_configuration_the_generation_was_launched_with(expected, installed,
+                                                                                               refused):
+    why = start_refusal(expected, installed)
     assert (why == "") == (refused == "") and refused in why
 
 

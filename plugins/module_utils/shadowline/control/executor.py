@@ -404,7 +404,7 @@ class Executor:
         """Start this node's rank of a new generation without waiting for it: systemd is asked for the start job
         in a thread (its two systemctl calls took 31-180 ms on a loaded testbed host, and the loop would wait for
         them: the driver's promotion, every detection and teardown on this node), and the loop tracks the start
-        once the job was asked for (until then the unit still shows the failed generation). The unit's loaded
+        once the job was asked for (until then the unit still shows the failed generation). The unit files'
         configuration is read first when the slot names one: another one is not started (Start.refused, judged
         by node_duties.start_progress)."""
         unit = self.plan.unit_name("engine", cohort)
@@ -413,7 +413,7 @@ class Executor:
 
         def ask() -> None:
             try:
-                start.refused = start_refusal(config, observe.unit_config(unit)) if config else ""
+                start.refused = start_refusal(config, observe.installed_config_of(self.plan, cohort)) if config else ""
                 if start.refused:
                     return
                 systemctl("reset-failed", unit)

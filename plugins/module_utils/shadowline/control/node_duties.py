@@ -52,7 +52,7 @@ from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
 from .failure_notices import FailureNotice
 from .gpu_health import GpuFault
 from .memory import KnownFailure, LocalRank, NodeMemory, Start
-from .observe import HealthAnswer, UnitConfig, UnitState
+from .observe import HealthAnswer, UnitState
 from .policy import CONFIG_MISMATCH, GENERATION_STALLED, GPU_FAULT, GPU_XID, HangPolicy, silence
 from .progress import ProgressSample
 from .view import Active, DeploymentView, Now
@@ -219,21 +219,17 @@ def report_invalid(view: DeploymentView, memory: NodeMemory) -> list[Action]:
             if (key, bad.revision) not in memory.reported_invalid]
 
 
-def start_refusal(expected: str, unit: UnitConfig) -> str:
+def start_refusal(expected: str, installed: str) -> str:
     """Why this node must not start its rank of a generation launched with configuration ``expected`` (the
-    slot's), from what its unit would run; "" when it may. Ranks of one generation started from files of two
-    configurations (an upgrade's files installed on one node and not yet on another) would make a mixed cohort:
-    refused, the generation is declared failed (config-mismatch) and the driver launches the next one from the
-    files it then finds. A slot without a configuration (written by an older agent) takes whatever the unit has."""
-    if not expected:
+    slot's), from the configuration its unit files hold (observe.installed_config_of); "" when it may. Ranks of
+    one generation started from files of two configurations (an upgrade's files installed on one node and not
+    yet on another) would make a mixed cohort: refused, the generation is declared failed (config-mismatch) and
+    the driver launches the next one from the files it then finds. A slot without a configuration (written by an
+    older agent) takes whatever the unit has."""
+    if not expected or installed == expected:
         return ""
-    if unit.need_reload:
-        return (f"the unit's files changed on disk and systemd has not loaded them (daemon-reload pending); the "
-                f"generation's configuration is {expected}")
-    if unit.config != expected:
-        return (f"the unit holds configuration {unit.config or '(none)'}, the generation was launched with "
-                f"{expected}: its ranks would run two configurations")
-    return ""
+    return (f"the unit holds configuration {installed or '(none)'}, the generation was launched with "
+            f"{expected}: its ranks would run two configurations")
 
 
 def publish_due(view: DeploymentView, memory: NodeMemory, host: str) -> list[Action]:

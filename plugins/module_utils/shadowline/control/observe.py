@@ -40,20 +40,6 @@ class HealthAnswer:
     at: float  # monotonic, when the answer (or the timeout) came
 
 
-@dataclass(frozen=True)
-class UnitConfig:
-    """The cohort configuration a start of the unit would run (units.cohort_config, from the drop-in systemd has
-    loaded), and whether the unit's files changed on disk since systemd loaded them (a daemon-reload pending)."""
-    config: str
-    need_reload: bool
-
-
-def unit_config(unit: str) -> UnitConfig:
-    props = unit_properties(unit, "Environment", "NeedDaemonReload")
-    return UnitConfig(environment_value(props.get("Environment", "").split(), CONFIG_ENV),
-                      props.get("NeedDaemonReload") == "yes")
-
-
 def environment_value(assignments: list[str], name: str) -> str:
     """The value of ``name`` among ``KEY=VALUE`` assignments ("" when it is not among them)."""
     prefix = f"{name}="
@@ -67,15 +53,20 @@ def running_config(pid: int) -> str:
 
 def installed_configs(plan: Plan) -> dict[int, str]:
     """Each cohort's configuration digest as its drop-in on this node's disk holds it ("" where it cannot be
-    read): what the driver writes into a launching slot (driver_duties.launching). A file read per cohort."""
-    configs = {}
-    for cohort in plan.cohort_ids:
-        try:
-            with open(f"{engine_dropin_dir(plan, cohort)}/plan.conf", encoding="utf-8") as handle:
-                configs[cohort] = installed_config(handle.read())
-        except OSError:
-            configs[cohort] = ""
-    return configs
+    read): what the driver writes into a launching slot (driver_duties.relaunch_due), and what a node's start
+    is checked against (node_duties.start_refusal). A file read per cohort, no systemctl: a start is on the
+    relaunch's path, where every node's CPU goes to the engines waking. The files are what systemd runs once it
+    has reloaded them (the engine role reloads right after it installs them); a rank started in between runs the
+    loaded one, which the driver finds (driver_duties.mixed_generations)."""
+    return {cohort: installed_config_of(plan, cohort) for cohort in plan.cohort_ids}
+
+
+def installed_config_of(plan: Plan, cohort: int) -> str:
+    try:
+        with open(f"{engine_dropin_dir(plan, cohort)}/plan.conf", encoding="utf-8") as handle:
+            return installed_config(handle.read())
+    except OSError:
+        return ""
 
 
 def unit_state(unit: str) -> UnitState:
