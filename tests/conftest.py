@@ -1,7 +1,10 @@
 """Shared test setup: make the library importable as ``shadowline`` (as daemons on nodes import it)."""
 
+import os
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins" / "module_utils"))
@@ -11,10 +14,24 @@ sys.path.insert(0, str(ROOT))
 pytest_plugins = ["tests.e2e.site_helpers"]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _testbed_instance_left_as_found():  # noqa: ANN202 (a fixture)
+    """SHADOWLINE_TESTBED picks the testbed instance every `testbed.py` a test starts works on: a module that leaves
+    it changed sends every later module's testbed commands to its instance (CI: a lifecycle test booted instance 6
+    after the drills had loaded scripts/bench-failover). Restored, and the module that changed it named."""
+    before = os.environ.get("SHADOWLINE_TESTBED")
+    yield
+    after = os.environ.get("SHADOWLINE_TESTBED")
+    if after != before:
+        if before is None:
+            os.environ.pop("SHADOWLINE_TESTBED", None)
+        else:
+            os.environ["SHADOWLINE_TESTBED"] = before
+        pytest.fail(f"the module left SHADOWLINE_TESTBED={after!r} (it was {before!r})")
+
+
 def pytest_sessionfinish(session, exitstatus):  # noqa: ANN001 (pytest hook signature)
     """In CI (CI=true) a skipped test is a failure: every test must run on the CI machine."""
-    import os
-
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
     if os.environ.get("CI") == "true" and skipped and exitstatus == 0:

@@ -11,7 +11,7 @@ Development: SHADOWLINE_DRILLS_KEEP=1 keeps the testbed and its deployment at th
 
 Settings: ``gms_failover.stable_after_s`` is 8 s here instead of 30, so that drills a few seconds apart on the
 same cohort do not add up to a crash loop (each drill waits until the slots' crash-loop counters are back to 0);
-detection is tight (``health_timeout_s``, ``progress_stall_s`` and ``canary_interval_s`` 0.5 s).
+detection is tight (``health_timeout_s`` 1 s, ``progress_stall_s`` and ``canary_interval_s`` 0.5 s).
 """
 
 from __future__ import annotations
@@ -44,12 +44,14 @@ DEPLOYMENT = "demo"  # inventories/testbed/group_vars
 UNIT = f"shadowline-{DEPLOYMENT}"
 LEADER = "node0"
 # The drills run the stand-in with the tightest detection it stands (issue #14: half the requests the 2 s health
-# timeout lost): hung after 0.5 s without a 200 or with requests waiting and no token (the stand-in's requests
-# take 35 ms and have no prefill to speak of; real engines need progress_stall_s above their longest prefill,
-# docs/detection.md), idle hangs canaried every 0.5 s. 0.3 s was tried: a canary under an upgrade's load on this
-# 2-core machine can take that long.
+# timeout lost): hung after 1 s without a 200, or 0.5 s with requests waiting and no token (the stand-in's
+# requests take 35 ms and have no prefill to speak of; real engines need progress_stall_s above their longest
+# prefill, docs/detection.md), idle hangs canaried every 0.5 s. 0.3 s was tried: a canary under an upgrade's load on
+# this 2-core machine can take that long. /health at 0.5 s was too tight for CI: twice a serving or just-promoted
+# leader went 0.5 s without a 200 while another cohort's three ranks started on the same 2 cores (hang-leader and
+# the upgrade test declared a healthy leader hung).
 EXTRA_VARS = {"gms_failover": failover_of_testbed(
-    stable_after_s=8, health_timeout_s=0.5, progress_stall_s=0.5, canary_interval_s=0.5)}
+    stable_after_s=8, health_timeout_s=1.0, progress_stall_s=0.5, canary_interval_s=0.5)}
 d = Deployed(INSTANCE, EXTRA_VARS)  # the deployment's helpers (tests/e2e/deployed.py)
 tb = d.tb  # testbed/testbed.py bound to instance 6 only (SHADOWLINE_TESTBED=6)
 playbook, on, events, lock_holder, completion_ok = d.playbook, d.on, d.events, d.lock_holder, d.completion_ok
@@ -512,10 +514,17 @@ def test_upgrade_switches_the_model_revision_under_load_without_a_failed_request
 
 
 def bench_failover() -> Any:
-    """scripts/bench-failover as a module (it has no .py suffix)."""
+    """scripts/bench-failover as a module (it has no .py suffix). The script sets SHADOWLINE_TESTBED when it loads
+    (its default instance, 6); the environment of this process is given back as it was: left set, it sent a later
+    module's `testbed.py up` to instance 6 (CI: test_up_twice_only_checks booted a testbed it did not own)."""
     loader = importlib.machinery.SourceFileLoader("bench_failover", str(REPO / "scripts" / "bench-failover"))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
+    saved = dict(os.environ)
+    try:
+        loader.exec_module(module)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     return module
 
 

@@ -36,7 +36,7 @@ from . import observe
 from .access import agent_server_context, etcd_for
 from .actions import ReportFault
 from .agent_metrics import CONTENT_TYPE, AgentMetrics, MetricsUnavailable
-from .coordination import Coordination
+from .coordination import Coordination, agent_instance
 from .driver_duties import DriverDuties
 from .etcd_client import Etcd
 from .events import EventLog
@@ -69,7 +69,7 @@ class Agent:
         self.metrics = AgentMetrics(plan.deployment, host, plan.cohort_ids, driver=self.is_driver,
                                     model_dir=plan.model_dir)
         self.schedule = Schedule()
-        self.memory = NodeMemory()
+        self.memory = NodeMemory(instance=agent_instance(os.getpid(), time.time_ns()))
         self.driver_memory = DriverMemory() if self.is_driver else None
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -82,7 +82,7 @@ class Agent:
                                    self.execute) if self.driver_memory is not None else None
         self.feed = EtcdFeed(feed_etcd, self.coord.keys, host, frozenset(plan.cohort_ids),
                              int(plan.failover.agent_lease_ttl_s), CHECK_S if self.is_driver else SYNC_S, self.wake_w,
-                             lease_etcd)
+                             lease_etcd, self.memory.instance)
         self.gpu = GpuWatch(plan.engine.gpu_events, plan.state_dir, self.wake_w)
         self.view: DeploymentView | None = None  # the latest view the feed read
         self.gms_pidfd: int | None = None

@@ -2,7 +2,8 @@
 
 Keys, under ``/shadowline/<deployment>/``:
 
-- ``agents/<host>``: an agent's presence, on its lease; gone when the agent is gone for a lease TTL.
+- ``agents/<host>``: an agent's presence, on its lease; gone when the agent is gone for a lease TTL. It names the
+  agent's instance (``agent_instance``: one per agent process), which the agent's rank records carry too.
 - ``slots/<cohort>``: the cohort slot's record (``Slot``): its generation and state. Every state change is a
   compare-and-swap on the key's mod revision, so two agents can never both declare a generation failed or
   both relaunch it.
@@ -11,7 +12,9 @@ Keys, under ``/shadowline/<deployment>/``:
 - ``gms_lost/<host>``: a node whose GMS server died (its weights are no longer resident for new imports).
 - ``ranks/<cohort>/<host>``: the generation of the cohort's rank on that node and the configuration digest it
   runs (``RankRecord``), written by the node's agent when it starts or adopts the rank: the driver finds a
-  generation whose ranks run two configurations (a mixed cohort) from them.
+  generation whose ranks run two configurations (a mixed cohort) from them, counting only the records of the
+  node's present agent (a record left by an agent that stopped says nothing of what runs there now: an upgrade
+  restarts ranks while the agents are stopped).
 
 Slot states: ``running`` (the generation's ranks run), ``failed`` (declared failed: every agent kills its
 ranks of that generation), ``launching`` (every agent starts its rank of the new generation, not before
@@ -248,12 +251,19 @@ class Coordination:
         return record if isinstance(record, dict) else None
 
 
+def agent_instance(pid: int, started_ns: int) -> str:
+    """One agent process's name among all that ran on its node (a pid is reused, a start time is not)."""
+    return f"{pid}.{started_ns:x}"
+
+
 @dataclass(frozen=True)
 class RankRecord:
-    """What a node's agent says of its rank of a cohort: the generation and the configuration digest it runs."""
+    """What a node's agent says of its rank of a cohort: the generation and the configuration digest it runs, and
+    which agent said it (its instance, as its presence key names it; "": an older agent, whose word is not taken)."""
     generation: int
     config: str
     pid: int = 0
+    agent: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -269,7 +279,9 @@ class RankRecord:
             raise RecordInvalid(f"no generation in {data!r}")
         if not isinstance(data.get("config"), str) or not is_int(data.get("pid", 0)):
             raise RecordInvalid(f"no configuration in {data!r}")
-        return cls(data["generation"], data["config"], data.get("pid", 0))
+        if not isinstance(data.get("agent", ""), str):
+            raise RecordInvalid(f"the agent is no name in {data!r}")
+        return cls(data["generation"], data["config"], data.get("pid", 0), data.get("agent", ""))
 
 
 def gone_time(value: bytes) -> float | None:

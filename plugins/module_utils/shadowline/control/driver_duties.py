@@ -294,14 +294,17 @@ def mixed_generations(view: DeploymentView, driver: DriverMemory) -> list[Action
     files of two configurations, e.g. one node's rank started before an upgrade's files reached it and another's
     after) is no engine group: its ranks disagree on their arguments (a hang in the first collective, or wrong
     results). Declared failed (mixed-configuration), once; the next generation starts from one configuration on
-    every node (node_duties.start_refusal)."""
+    every node (node_duties.start_refusal). Only a record of the node's present agent counts: one an agent
+    before it wrote says what ran when that agent stopped (an upgrade restarts ranks while the agents are
+    stopped), and the present agent writes its own as soon as it has adopted the rank."""
     actions: list[Action] = []
     for cohort, entry in sorted(view.slots.items()):
         slot = entry.slot
         if slot.state not in (RUNNING, LAUNCHING) or (cohort, slot.generation) in driver.mixed:
             continue
         configs = {host: record.config for host, record in sorted(view.ranks.get(cohort, {}).items())
-                   if record.generation == slot.generation and record.config}
+                   if record.generation == slot.generation and record.config
+                   and record.agent and view.agent_instances.get(host) == record.agent}
         if len(set(configs.values())) < 2:
             continue
         detail = "the generation's ranks run " + ", ".join(f"{c} on {h}" for h, c in configs.items())

@@ -382,7 +382,7 @@ class Executor:
         """This node's record of its rank (node_duties.publish_due); written again from a later view if it fails."""
         if self.node.etcd_lost_since is not None:
             return
-        record = RankRecord(action.generation, action.config, action.pid)
+        record = RankRecord(action.generation, action.config, action.pid, self.node.instance)
         try:
             self.etcd.put(self.coord.keys.rank(action.cohort, self.host), record.to_json())
             self.node.published[action.cohort] = (action.generation, action.config)

@@ -47,8 +47,9 @@ class FeedNews:
 
 class EtcdFeed:
     def __init__(self, etcd: Etcd, keys: Keys, host: str, cohorts: frozenset[int], lease_ttl_s: int,  # noqa: PLR0913 (over the size limits of pyproject.toml; split it when it changes next)
-                 period_s: float, wake_fd: int, lease_etcd: Etcd | None = None) -> None:
+                 period_s: float, wake_fd: int, lease_etcd: Etcd | None = None, instance: str = "") -> None:
         self.etcd = etcd
+        self.instance = instance  # the agent's (coordination.agent_instance), named in its presence record
         self.lease_etcd = lease_etcd or etcd
         self.keys = keys
         self.host = host
@@ -129,7 +130,8 @@ class EtcdFeed:
 
     def register(self) -> None:
         lease = self.lease_etcd.lease_grant(self.lease_ttl_s)
-        self.lease_etcd.put(self.keys.agent(self.host), json.dumps({"pid": os.getpid(), "since": time.time()}),
+        self.lease_etcd.put(self.keys.agent(self.host), json.dumps({"pid": os.getpid(), "since": time.time(),
+                                                                     "instance": self.instance}),
                             lease=lease)
         if self.lease:
             self.notice("agent-registered-again", lease=f"{lease:x}")

@@ -74,6 +74,7 @@ class KnownFailure:
 
 @dataclass
 class NodeMemory:
+    instance: str = ""  # this agent process's name (coordination.agent_instance): its rank records carry it
     ranks: dict[int, LocalRank] = field(default_factory=dict)  # cohort -> this node's rank
     starting: dict[int, Start] = field(default_factory=dict)  # cohort -> a start in progress
     terminating: dict[int, Teardown] = field(default_factory=dict)  # cohort -> a rank not gone yet

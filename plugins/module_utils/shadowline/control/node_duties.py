@@ -233,15 +233,17 @@ def start_refusal(expected: str, installed: str) -> str:
 
 
 def publish_due(view: DeploymentView, memory: NodeMemory, host: str) -> list[Action]:
-    """This node's record of each rank it runs (generation, configuration), written where etcd lacks it or holds
-    another (a new generation, an adopted rank, a record lost with etcd's data); the driver compares them."""
+    """This node's record of each rank it runs (generation, configuration, this agent), written where etcd lacks
+    it or holds another (a new generation, an adopted rank, a record an agent before this one wrote); the driver
+    compares them."""
     actions: list[Action] = []
     for cohort, rank in sorted(memory.ranks.items()):
         if not rank.generation:
             continue
         record = view.ranks.get(cohort, {}).get(host)
         wanted = (rank.generation, rank.config)
-        if memory.published.get(cohort) != wanted and (record is None or (record.generation, record.config) != wanted):
+        held = None if record is None else (record.generation, record.config, record.agent)
+        if memory.published.get(cohort) != wanted and held != (*wanted, memory.instance):
             actions.append(PublishRank(cohort, rank.generation, rank.config, rank.pid))
     return actions
 

@@ -51,6 +51,7 @@ class DeploymentView:
     slots: dict[int, SlotEntry] = field(default_factory=dict)
     active: Active | None = None
     agents: frozenset[str] = frozenset()  # nodes whose agent holds its lease
+    agent_instances: dict[str, str] = field(default_factory=dict)  # node -> its present agent's instance
     gms_lost: dict[str, str] = field(default_factory=dict)  # node -> its gms_lost key
     gone: dict[tuple[int, int], dict[str, float]] = field(default_factory=dict)  # (cohort, generation) -> node -> when
     invalid: dict[str, Invalid] = field(default_factory=dict)  # key -> why it was ignored
@@ -72,6 +73,7 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
     slots: dict[int, SlotEntry] = {}
     active: Active | None = None
     agents: set[str] = set()
+    agent_instances: dict[str, str] = {}
     gms_lost: dict[str, str] = {}
     gone: dict[tuple[int, int], dict[str, float]] = {}
     invalid: dict[str, Invalid] = {}
@@ -91,6 +93,7 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
                 slots[slot.cohort] = SlotEntry(slot, kv.mod_revision)
             elif parts[0] == "agents" and len(parts) == 2:
                 agents.add(parts[1])
+                agent_instances[parts[1]] = presence_instance(kv.value)
             elif parts[0] == "gms_lost" and len(parts) == 2:
                 gms_lost[parts[1]] = kv.key
             elif parts[0] == "fenced" and len(parts) == 2:
@@ -110,7 +113,18 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
         except (ValueError, KeyError, TypeError):
             continue
     return DeploymentView(revision=revision, slots=slots, active=active, agents=frozenset(agents),
+                          agent_instances=agent_instances,
                           gms_lost=gms_lost, gone=gone, invalid=invalid, fenced=fenced, ranks=ranks)
+
+
+def presence_instance(value: bytes) -> str:
+    """The agent instance an ``agents/<host>`` record names ("": unreadable, or an older agent's)."""
+    try:
+        record = json.loads(value)
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    instance = record.get("instance") if isinstance(record, dict) else None
+    return instance if isinstance(instance, str) else ""
 
 
 def read_view(etcd: Etcd, keys: Keys, cohorts: frozenset[int]) -> DeploymentView:
