@@ -14,7 +14,8 @@ written through to ``failover_metrics_engine-<ENGINE_ID>.json`` (``{"attempts":N
 beside the lock file and restored at start, as upstream does.
 
 The renderer (``FailoverMetrics.render``, ``render_family``) serves the stand-in engines; the parser
-(``parse_samples``, ``engine_failover_view``) is for whatever scrapes engines (the node agent).
+(``parse_samples``, ``engine_failover_view``, reading through ``prometheus_text``) is for whatever scrapes engines
+(the node agent).
 Stdlib only.
 """
 
@@ -24,10 +25,11 @@ import json
 import logging
 import math
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass, field
+
+from . import prometheus_text
 
 logger = logging.getLogger(__name__)
 
@@ -174,38 +176,12 @@ class FailoverMetrics:
 
 # -- parsing (for scrapers) ---------------------------------------------------------------------- #
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-@dataclass(frozen=True)
-class Sample:
-    name: str
-    labels: dict[str, str]
-    value: float
-
-
-def _unescape(value: str) -> str:
-    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+Sample = prometheus_text.Sample  # (name, labels, value): the package's one exposition parser reads them
 
 
 def parse_samples(text: str, prefix: str = "") -> list[Sample]:
     """Samples of a Prometheus text exposition, optionally only names starting with ``prefix``."""
-    out: list[Sample] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m or not m.group(1).startswith(prefix):
-            continue
-        labels = {k: _unescape(v) for k, v in _LABEL.findall(m.group(2) or "")}
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        out.append(Sample(m.group(1), labels, value))
-    return out
+    return prometheus_text.samples(text, prefix)
 
 
 @dataclass

@@ -17,22 +17,21 @@ an engine that nobody sends a request to shows nothing, and only a canary (the c
 
 A long prefill also leaves the counter still while running is 1 (vLLM counts a generated token only when one is
 sampled, after the whole prompt is prefilled), so ``stall_s`` must exceed the longest prefill the deployment allows
-(docs/detection.md). This module parses with ``prometheus_client``'s parser when it is importable and with a small
-parser of its own otherwise (Ansible's sanity import test imports module_utils without third-party packages).
+(docs/detection.md). The text is read by ``prometheus_text``, the one exposition parser of the package (standard
+library only: Ansible's sanity import test and a node without ``prometheus_client`` read it the same).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
+from . import prometheus_text
 from .policy import GENERATION_STALLED, HangPolicy
 
-try:
-    from prometheus_client.parser import text_string_to_metric_families
-except ImportError:  # Ansible's sanity import test; the agent's runtime has prometheus_client
-    text_string_to_metric_families = None  # pylint: disable=invalid-name
+# prometheus_client's parser was once preferred here when importable; prometheus_text is now the only parser. The
+# name stays (None) for callers that switched that preference off, as tests/unit/test_progress.py does.
+text_string_to_metric_families = None  # pylint: disable=invalid-name
 
 RUNNING = "vllm:num_requests_running"  # gauge
 GENERATION_TOKENS = "vllm:generation_tokens"  # counter family; its sample is GENERATION_TOKENS + "_total"
@@ -125,37 +124,5 @@ def describe(verdict: Verdict, hang: HangPolicy) -> str:
 # -- parsing ---------------------------------------------------------------------------------------------------- #
 
 def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """(sample name, labels, value) of every sample line of a Prometheus text exposition."""
-    if text_string_to_metric_families is not None:
-        try:
-            return [(s.name, dict(s.labels), float(s.value))
-                    for family in text_string_to_metric_families(text) for s in family.samples]
-        except (ValueError, TypeError, KeyError):
-            pass  # a text the strict parser refuses (one broken line): read what can be read
-    return list(_fallback_samples(text))
-
-
-_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*$")
-_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-
-
-def _fallback_samples(text: str):  # noqa: ANN202 (a generator of samples' tuples)
-    """Sample lines of the text exposition format (comments and malformed lines skipped)."""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _LINE.match(line)
-        if not match:
-            continue
-        name, label_text, value_text = match.groups()
-        try:
-            value = float(value_text)
-        except ValueError:
-            continue
-        labels = {k: _unescape(v) for k, v in _LABEL.findall(label_text or "")}
-        yield name, labels, value
-
-
-def _unescape(value: str) -> str:
-    return value.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+    """(sample name, labels, value) of every sample line of a Prometheus text exposition (prometheus_text)."""
+    return prometheus_text.samples(text)
