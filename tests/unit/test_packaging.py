@@ -40,6 +40,40 @@ def test_the_tarball_holds_the_license_and_the_generated_changelog(tarball: Path
     assert "GNU GENERAL PUBLIC LICENSE" in (ROOT / "LICENSE").read_text()[:200]
 
 
+DEV_ONLY = ("testbed/", "scripts/", "extensions/", "monitoring/", "inventories/testbed/", ".ci/", ".ansible-lint",
+            "Makefile", "requirements/dev.in", "requirements/dev.lock", "requirements/bench-client.txt")
+SIZE_BOUND = 700_000  # bytes; 1,046,737 with the dev-only paths (issue #42), 628,445 without
+
+
+def test_the_tarball_has_no_dev_only_path_and_stays_small(tarball: Path):
+    """What a Galaxy or Automation Hub user installs: the roles, plugins, playbooks, docs and example inventories,
+    not the testbed, the dev scripts, the Makefile, the dev lock or the tests (but for tests/sanity, which
+    scripts/sanity runs ansible-test against in the unpacked tarball)."""
+    with tarfile.open(tarball) as tar:
+        names = tar.getnames()
+    shipped = [n for n in names if n.startswith(DEV_ONLY) or n in {p.rstrip("/") for p in DEV_ONLY}]
+    assert not shipped, f"dev-only paths in the tarball (galaxy.yml build_ignore): {shipped[:20]}"
+    tests = sorted(n for n in names if n == "tests" or n.startswith("tests/"))
+    assert tests == ["tests", "tests/sanity", *sorted(f"tests/sanity/{p.name}" for p in
+                                                      (ROOT / "tests" / "sanity").glob("ignore-*.txt"))], tests
+    for needed in ("slurm/render", "requirements/runtime.lock", "requirements/gpu-runtime.txt",
+                   "plugins/module_utils/shadowline/slurm/job.sbatch.j2", "inventories/examples"):
+        assert needed in names, f"{needed}: a playbook, a role or the CLI uses it"
+    size = tarball.stat().st_size
+    assert size < SIZE_BOUND, f"the tarball is {size} bytes, over {SIZE_BOUND}: what grew? (tar -tvzf)"
+
+
+def test_every_sanity_ignore_names_a_file_the_tarball_ships(tarball: Path):
+    """ansible-test sanity runs in the unpacked tarball (scripts/sanity) and fails on an ignore for a file that is
+    not there."""
+    with tarfile.open(tarball) as tar:
+        names = set(tar.getnames())
+    for ignore in (ROOT / "tests" / "sanity").glob("ignore-*.txt"):
+        for line in ignore.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                assert line.split()[0] in names, f"{ignore.name}: {line.split()[0]} is not in the tarball"
+
+
 def test_the_changelog_is_generated_from_fragments():
     lint = subprocess.run([BIN / "antsibull-changelog", "lint"], cwd=ROOT, env=ENV, capture_output=True, text=True,
                           timeout=120, check=False)

@@ -8,8 +8,9 @@ the infra node). Each rank's command is the plan's argv and environment, word fo
 node-local directories under ``gms_slurm.node_dir`` (the hosts' state and config directories are root's on a
 cluster; the socket directory too, unless ``gms_socket_dir`` is set).
 
-``job_context`` returns what ``slurm/job.sbatch.j2`` needs, every shell word already quoted; it takes the
-deployment's variables (one host's ``gms_*`` values) and never raises on bad input: it returns problems.
+``job_context`` returns what ``job.sbatch.j2`` (package data beside this module) needs, every shell word already
+quoted; it takes the deployment's variables (one host's ``gms_*`` values) and never raises on bad input: it returns
+problems.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def build_job_plan(shared: dict[str, Any], inventory_hosts: int) -> tuple[Plan |
 
 def job_context(shared: dict[str, Any], inventory_hosts: int = 1,
                 source: str = "") -> tuple[dict[str, Any] | None, list[Problem]]:
-    """Everything slurm/job.sbatch.j2 renders, or (None, problems)."""
+    """Everything job.sbatch.j2 renders, or (None, problems)."""
     plan, options, problems = build_job_plan(shared, inventory_hosts)
     if plan is None or options is None:
         return None, problems

@@ -31,7 +31,7 @@ from .allocation import read_spec
 from .job import HOST_ONLY, job_context
 
 ROOT = Path(__file__).resolve().parents[4]  # the checkout (plugins/module_utils/shadowline/slurm/render.py)
-TEMPLATE = ROOT / "slurm" / "job.sbatch.j2"
+TEMPLATE = Path(__file__).resolve().with_name("job.sbatch.j2")  # package data: an installed CLI renders too
 
 
 def need(module: str) -> Any:
@@ -213,7 +213,8 @@ def render(shared: dict[str, Any], hosts: int, source: str) -> tuple[str | None,
 
 def run(args: argparse.Namespace) -> int:
     if not TEMPLATE.exists():
-        raise SystemExit(f"render-slurm needs the job template {TEMPLATE}: run it from a shadowline checkout")
+        raise SystemExit(f"render-slurm needs the job template {TEMPLATE}, which the package installs beside "
+                         "slurm/render.py: reinstall shadowline (pip install .) or run it from a checkout")
     if args.vars_json:
         shared = json.loads(Path(args.vars_json).read_text())
         hosts, problems, how = args.hosts, [], "Ansible (playbooks/slurm_render.yml)"
