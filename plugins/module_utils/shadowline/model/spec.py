@@ -66,7 +66,8 @@ def parse_source(uri: str | None, model_id: str) -> Source:
     field = "gms_model.source"
     if not uri:
         return Source(scheme="hf", uri=f"hf://{model_id}", repo=model_id)
-    uri = str(uri).strip()
+    uri = str(uri)
+    _check_source_text(field, uri)
     if "://" not in uri:
         raise SpecError(
             f"{field} {uri!r} is not a URI.",
@@ -104,6 +105,7 @@ def parse_source(uri: str | None, model_id: str) -> Source:
                 field=field,
                 fix="write file:///<absolute path> (three slashes), or use rsync:// to pull from a host.",
             )
+        _check_source_text(field, unquote(parts.path), uri)
         path = os.path.normpath(unquote(parts.path))
         if not os.path.isabs(path):
             raise SpecError(
@@ -116,11 +118,28 @@ def parse_source(uri: str | None, model_id: str) -> Source:
     except ValueError as exc:
         raise SpecError(f"{field} {uri!r}: bad port ({exc}).", field=field, fix="use host:port with a number.") from exc
     path = unquote(parts.path)
+    _check_source_text(field, path, uri)  # %20 or %0A decode to the whitespace the text check refused
     if not path.strip("/"):
         raise SpecError(f"{field} {uri!r} has no path.", field=field, fix=f"write {scheme}://<host>/<path>.")
     if ".." in path.split("/"):
         raise SpecError(f"{field} {uri!r} must not contain '..'.", field=field, fix="use a normalised path.")
     return Source(scheme=scheme, uri=uri, host=host, port=port, user=parts.username, path=path)
+
+
+def _check_source_text(field: str, text: str, uri: str | None = None) -> None:
+    """A source (or the path it decodes to, with ``uri``) is one word: no whitespace or control character anywhere
+    (the source travels to the hub, rsync and ssh as one argument, and a trimmed or split value is another source),
+    and it never reads as an option (a leading '-')."""
+    shown = uri if uri is not None else text
+    where = " in its path" if uri is not None else ""
+    if any(c.isspace() or not c.isprintable() for c in text):
+        raise SpecError(f"{field} {shown!r} has whitespace or a control character{where}.", field=field,
+                        fix="write the source as one word, without spaces, tabs or newlines anywhere (rename a "
+                        "source directory whose name has one).")
+    if text.startswith("-"):
+        raise SpecError(f"{field} {shown!r} starts with '-', so a command would read it as an option.", field=field,
+                        fix="write a URI: hf://<repo>, file:///<absolute path>, rsync://<host>/<path> or "
+                        "rsync+ssh://[user@]<host>/<absolute path>.")
 
 
 def _remote_host(field: str, uri: str, scheme: str, host: str | None, user: str | None) -> str:
