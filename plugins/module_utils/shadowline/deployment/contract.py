@@ -18,7 +18,7 @@ from ..model.spec import DEFAULT_FORMAT, FORMATS, MODEL_ID_RE, PINNED_RE, parse_
 from .addresses import ADDRESS_FIX, address_problem
 from .container import RUNTIME_MODE, Container, parse_container
 from .problems import Problem
-from .values import Reader, as_bool, describe, suggest
+from .values import Reader, as_bool, close_match, describe, suggest
 
 SAFE_FORMATS = ["safetensors"]
 PICKLE_FORMATS = [f for f in FORMATS if f not in SAFE_FORMATS]
@@ -91,6 +91,7 @@ DEFAULT_MONITORING: dict[str, Any] = {
 }
 MONITORING_MODES = ["server", "targets", "none"]
 DEFAULT_COHORTS = 2
+NODES_GROUP, INFRA_GROUP = "gms_nodes", "gms_infra"  # the inventory's groups of a deployment (the playbooks' hosts)
 # Where the infra hosts' servers are (gms_binaries): the paths of Debian's and Ubuntu's etcd-server and nats-server
 # packages; another packaging (or a binary from upstream's releases) sets them (docs/gpu-cluster.md, Platforms).
 DEFAULT_BINARIES: dict[str, str] = {"etcd": "/usr/bin/etcd", "nats_server": "/usr/sbin/nats-server",
@@ -294,14 +295,37 @@ def effective_local_dir(model: Any) -> str | None:
     return None
 
 
+def missing_group_problem(group: str, groups: dict[str, Any] | None = None,
+                          hosts_needed: str = "one host per GPU node, each with gms_node_rank (an example: "
+                          "inventories/local/hosts.yml)") -> Problem:
+    """The deployment's group of nodes has no host (empty, missing or misspelt): Ansible would skip every play
+    ("no hosts matched") and report success. Named with the groups the inventory does have (``groups``: Ansible's
+    magic variable, group name to hosts) and the closest of them."""
+    others = {name: list(hosts or []) for name, hosts in (groups or {}).items()
+              if name not in ("all", "ungrouped", group)}
+    message = ("the group is empty or missing from the inventory, so no play would run on any node (Ansible "
+               "skips a play whose hosts match nothing, and the run would look green).")
+    if groups is not None:
+        listed = ", ".join(f"{name} ({len(hosts)} host{'s' if len(hosts) != 1 else ''})"
+                           for name, hosts in sorted(others.items()))
+        message += f" The inventory's groups: {listed}." if listed else " The inventory has no other group."
+        ungrouped = list((groups or {}).get("ungrouped") or [])
+        if ungrouped:
+            message += f" Hosts in no group: {', '.join(ungrouped)}."
+    fix = f"add a group {group} with {hosts_needed}."
+    close = close_match(group, [name for name, hosts in others.items() if hosts])
+    if close:
+        fix = f"did you mean {close}? Rename that group to {group}, or {fix}"
+    return Problem(group, message, fix)
+
+
 def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
                    infra_hosts: list[str] | None = None) -> tuple[Contract | None, list[Problem]]:
     """Parse and check the inventory contract; returns (contract or None, every problem found)."""
     problems: list[Problem] = []
     read = Reader(problems)
     if not node_hosts:
-        read.problem("gms_nodes", "the group is empty or missing from the inventory.",
-                     "add a group gms_nodes with one host per GPU node, each with gms_node_rank.")
+        problems.append(missing_group_problem(NODES_GROUP))
         return None, problems
 
     _check_unknown_variables(hostvars, node_hosts, problems)
@@ -345,6 +369,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         _check_model_policy(read, model, allow_unpinned, allow_pickle)
 
     infra = _parse_infra(read, hostvars, nodes, infra_hosts or [])
+    _duplicate_addresses(hostvars, node_hosts, infra_hosts or [], problems)
     monitoring = _parse_monitoring(read, shared.get("gms_monitoring"), nodes, infra)
     frontend_bind = shared.get("gms_frontend_bind")
     if frontend_bind is not None and address_problem(frontend_bind, placeholder_ok=False) is not None:
@@ -688,16 +713,68 @@ def _parse_infra(read: Reader, hostvars: dict[str, dict[str, Any]], nodes: list[
     return infra
 
 
+def _address_source(values: dict[str, Any], host: str) -> tuple[str, Any]:
+    """Where a host's cluster address comes from and what it is: gms_node_address, else ansible_host, else the
+    inventory name (reported as gms_node_address, the variable to set)."""
+    field_name = next((f for f in ("gms_node_address", "ansible_host") if values.get(f)), "gms_node_address")
+    return field_name, values.get(field_name) or host
+
+
 def _address(read: Reader, values: dict[str, Any], host: str) -> str | None:
     """A host's cluster address (gms_node_address, else ansible_host, else its inventory name), checked."""
-    field_name = next((f for f in ("gms_node_address", "ansible_host") if values.get(f)), "gms_node_address")
-    address = values.get(field_name) or host
+    field_name, address = _address_source(values, host)
     wrong = address_problem(address)
     if wrong is not None:
         read.problem(field_name, wrong, f"{ADDRESS_FIX}: it is written into etcd's, NATS's and the units' "
                      "configuration.")
         return None
     return address
+
+
+def _same_address(address: str) -> str:
+    """An address as a key: one spelling per IP address (fd00::05 is fd00::5), host names without case or the
+    root's dot."""
+    try:
+        return ipaddress.ip_address(address).compressed
+    except ValueError:
+        return address.lower().rstrip(".")
+
+
+def _duplicate_addresses(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], infra_hosts: list[str],
+                         problems: list[Problem]) -> None:
+    """Two hosts of the deployment with one address are one machine under two inventory names: its ranks, agents,
+    etcd members and ports would collide, and the plan would name one address for two nodes. Each pair is named
+    with the variable that gave the address; an infra host that is also a node is listed under its own name."""
+    seen: dict[str, tuple[str, str, str]] = {}  # address key -> (host, field, group) of the first with it
+    nodes = set(node_hosts)
+    for host in list(dict.fromkeys(node_hosts + infra_hosts)):
+        field_name, address = _address_source(hostvars.get(host, {}), host)
+        if address_problem(address) is not None:
+            continue  # named by _address
+        group = NODES_GROUP if host in nodes else INFRA_GROUP
+        key = _same_address(address)
+        if key not in seen:
+            seen[key] = (host, field_name, group)
+            continue
+        first, first_field, first_group = seen[key]
+        origin = (f"both from {field_name}" if field_name == first_field
+                  else f"{first}'s from {first_field}, {host}'s from {field_name}")
+        if group == NODES_GROUP:
+            problems.append(Problem(field_name, f"{first} and {host} of {NODES_GROUP} have the same address {address} "
+                                    f"({origin}); every node needs its own: it is the master address, the address "
+                                    "the node's engines and agent bind and the one etcd and NATS are given.",
+                                    f"set {field_name} of {host} to that node's own IP address or host name; one "
+                                    "machine cannot be two nodes.", host=host))
+        elif first_group == NODES_GROUP:
+            problems.append(Problem(field_name, f"{host} of {INFRA_GROUP} has the address {address} of the node "
+                                    f"{first} ({origin}): one machine under two inventory names, whose etcd, NATS "
+                                    "and etcd proxy would be planned twice.",
+                                    f"list {first} itself in {INFRA_GROUP} (the same inventory name), or set "
+                                    f"{field_name} of {host} to its own address.", host=host))
+        else:
+            problems.append(Problem(field_name, f"{first} and {host} of {INFRA_GROUP} have the same address "
+                                    f"{address} ({origin}); etcd's and NATS's members each need their own.",
+                                    f"set {field_name} of {host} to its own IP address or host name.", host=host))
 
 
 def _parse_monitoring(read: Reader, value: Any, nodes: list[Node] | None,

@@ -219,8 +219,14 @@ def range_text(minimum: int | None, maximum: int | None) -> str:
     return f"at most {maximum}"
 
 
-def suggest(name: str, known: list[str], where: str) -> str:
+def close_match(name: str, known: list[str]) -> str | None:
+    """The one of ``known`` that ``name`` is most likely a misspelling of, if any (the one fuzzy match of names)."""
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def suggest(name: str, known: list[str], where: str) -> str:
+    close = close_match(name, known)
     if close:
-        return f"did you mean {close[0]!r}? Rename it, or remove it."
+        return f"did you mean {close!r}? Rename it, or remove it."
     return f"remove it; {where} takes {', '.join(sorted(known))}."

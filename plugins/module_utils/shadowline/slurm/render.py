@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import console
+from ..deployment.contract import missing_group_problem
 from ..deployment.plan import Plan, insecure_warning
 from ..deployment.problems import Problem, format_problems
 from .allocation import read_spec
@@ -180,9 +181,9 @@ def deployment_values(hostvars: dict[str, dict[str, Any]], groups: dict[str, lis
                       ) -> tuple[dict[str, Any], int, list[Problem]]:
     hosts = groups.get(group, [])
     if not hosts:
-        return {}, 0, [Problem(group, "the group is empty or missing from the inventory.",
-                               f"add a group {group} with at least one host; under Slurm its hosts only give the "
-                               "deployment's variables and the node count (the nodes come from the allocation).")]
+        return {}, 0, [missing_group_problem(group, groups, "at least one host; under Slurm its hosts only give the "
+                                             "deployment's variables and the node count (the nodes come from the "
+                                             "allocation)")]
     templated = {h: template_values(hostvars.get(h, {}), groups) for h in hosts}
     first = hosts[0]
     shared = {k: v for k, v in templated[first].items() if k.startswith("gms_") and k not in HOST_ONLY}
