@@ -8,8 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.contract import parse_contract
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import build_plan
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.contract import (
+    missing_group_problem,
+    parse_contract,
+)
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import checked_plan
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.problems import (
     Problem,
     format_problems,
@@ -25,15 +28,19 @@ class ActionModule(ActionBase):
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
-        node_hosts, infra_hosts = contract_hosts(task_vars, self._task.args.get("nodes_group", "gms_nodes"),
-                                                 self._task.args.get("infra_group", "gms_infra"))
+        nodes_group = self._task.args.get("nodes_group", "gms_nodes")
+        node_hosts, infra_hosts = contract_hosts(task_vars, nodes_group, self._task.args.get("infra_group", "gms_infra"))
         problems: list[Problem] = []
+        if not node_hosts:
+            problems.append(missing_group_problem(nodes_group, task_vars.get("groups")))
         hostvars = {host: read_host(task_vars, host, problems) for host in dict.fromkeys(node_hosts + infra_hosts)}
-        contract, parse_problems = parse_contract(hostvars, node_hosts, infra_hosts)
+        contract, parse_problems = parse_contract(hostvars, node_hosts, infra_hosts) if node_hosts else (None, [])
         problems += parse_problems
-        if problems or contract is None:
+        built, refused = checked_plan(contract) if contract is not None and not problems else (None, [])
+        problems += refused
+        if problems or built is None:
             result.update(failed=True, changed=False, msg=format_problems(problems, "the cohort plan"))
             return result
-        plan = build_plan(contract).to_dict()
+        plan = built.to_dict()
         result.update(changed=False, plan=plan, ansible_facts={"gms_plan": plan})
         return result

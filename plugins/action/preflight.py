@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import insecure_warning
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.contract import missing_group_problem
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.preflight import run_preflight
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.problems import (
     Problem,
@@ -26,8 +26,13 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         facts_name = self._task.args.get("facts_name", "shadowline_node")
-        node_hosts, infra_hosts = contract_hosts(task_vars, self._task.args.get("nodes_group", "gms_nodes"),
-                                                 self._task.args.get("infra_group", "gms_infra"))
+        nodes_group = self._task.args.get("nodes_group", "gms_nodes")
+        node_hosts, infra_hosts = contract_hosts(task_vars, nodes_group, self._task.args.get("infra_group", "gms_infra"))
+        if not node_hosts:  # (playbooks/preflight.yml refuses this in its first play, before any host is reached)
+            problem = missing_group_problem(nodes_group, task_vars.get("groups"))
+            result.update(failed=True, changed=False, checks=[], problems=[problem.to_dict()],
+                          msg=format_problems([problem]))
+            return result
         problems: list[Problem] = []
         hostvars: dict[str, dict[str, Any]] = {}
         facts: dict[str, dict[str, Any] | None] = {}
@@ -45,8 +50,8 @@ class ActionModule(ActionBase):
         if not (outcome.plan is not None):
             raise AssertionError("unreachable: checked above")
         result["plan"] = outcome.plan.to_dict()
-        if not outcome.plan.secure:
-            result["warnings"] = [insecure_warning(outcome.plan.deployment)]
+        if outcome.warnings:
+            result["warnings"] = outcome.warnings
         result["msg"] = (f"preflight passed for deployment {outcome.plan.deployment}: "
                          f"{len(node_hosts)} node(s), {len(outcome.plan.cohorts)} cohort(s), "
                          f"backend {outcome.plan.backend}; checked " + "; ".join(outcome.checks) + ".")

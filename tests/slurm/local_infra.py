@@ -38,7 +38,7 @@ def loopback_plan(model_id: str, model_dir: str, cohorts: int = 2, backend: str 
     from shadowline.deployment.contract import parse_contract
     from shadowline.deployment.plan import build_plan
 
-    base = free_port_run(cohorts)
+    base = free_port_run(cohorts, high=23000)  # below the etcd proxy's 23790..23792 (the plan refuses a collision)
     values = {
         "gms_deployment": "slurmtest", "gms_node_rank": 0, "ansible_host": HOST, "gms_cohorts": cohorts,
         "gms_model": {"id": model_id, "revision": "0" * 40, "local_dir": model_dir, "source": f"file://{model_dir}-src"},

@@ -275,10 +275,10 @@ def test_the_etcd_proxys_ports_are_in_the_collision_checks():
     hv, hosts = hostvars(1, gms_ports={"etcd_proxy": 8479})  # 8479, 8480 (the agent's metrics), 8481
     contract, problems = parse_contract(hv, hosts)
     assert contract is not None and problems == []
-    assert [str(p) for p in port_problems(contract.ports, 2)] == [
+    assert [str(p) for p in port_problems(contract)] == [
         "gms_ports.etcd_proxy: port 8480 is used by both the agent metrics and the etcd proxy to member 2 "
-        "(loopback). Fix: move gms_ports.etcd_proxy or gms_ports.agent_metrics so the ranges do not overlap (each "
-        "cohort takes one master, one system and one NIXL port)."]
+        "(loopback) on node0. Fix: move gms_ports.etcd_proxy or gms_ports.agent_metrics so no two processes of a "
+        "host share a port (each cohort takes one master, one system and one NIXL port)."]
 
 
 # -- the runtime's source, by python_env_mode (issue #16) ----------------------------------------------------- #

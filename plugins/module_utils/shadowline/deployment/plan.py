@@ -28,7 +28,8 @@ from .contract import (
     Ports,
 )
 from .pki import subject_dn
-from .ports import CohortPorts, cohort_ports
+from .ports import CohortPorts, cohort_ports, port_problems
+from .problems import Problem, format_problems
 
 FRONTEND_MIGRATION_LIMIT = 3
 HAPROXY, PYTHON_PROXY = "haproxy", "python"  # what carries Dynamo's etcd client to TLS on a host (_etcd_proxy)
@@ -450,12 +451,38 @@ def runtime_python(contract: Contract) -> str:
     return contract.container.python if contract.container else contract.python
 
 
+class PlanRefused(ValueError):
+    """A contract whose plan cannot run: its ``problems`` name the variables and the fixes."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__(format_problems(problems, "the cohort plan"))
+        self.problems = problems
+
+
+def plan_problems(contract: Contract) -> list[Problem]:
+    """What makes a parsed contract's plan unrunnable: its ports, checked where they are bound (ports.py)."""
+    return port_problems(contract)
+
+
+def checked_plan(contract: Contract, **options: Any) -> tuple[Plan | None, list[Problem]]:
+    """(the plan, []) or (None, the problems that refuse it): build_plan for callers that report problems."""
+    try:
+        return build_plan(contract, **options), []
+    except PlanRefused as refused:
+        return None, refused.problems
+
+
 def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str | None = None,
                model_view: bool = True, etcd_proxy: str = HAPROXY) -> Plan:
     """The plan of a contract. ``state_dir``/``config_dir`` default to the hosts' (/var/lib/shadowline/<dep>,
     /etc/shadowline/<dep>); a Slurm job passes node-local directories of its own, ``model_view`` False: its
     engines are no systemd units, so they name the model's directory itself (see Plan.model_view), and
-    ``etcd_proxy`` PYTHON_PROXY: its nodes may have no HAProxy (slurm/etcd_proxy.py)."""
+    ``etcd_proxy`` PYTHON_PROXY: its nodes may have no HAProxy (slurm/etcd_proxy.py). Every path to a plan
+    comes through here, so every one refuses the same contracts: PlanRefused (plan_problems; checked_plan
+    returns them instead)."""
+    problems = plan_problems(contract)
+    if problems:
+        raise PlanRefused(problems)
     dirs = _Dirs(state=state_dir or STATE_DIR.format(deployment=contract.deployment),
                  config=config_dir or CONFIG_DIR.format(deployment=contract.deployment))
     model_path = model_view_dir(dirs.state) if model_view else contract.model.local_dir

@@ -13,9 +13,9 @@ from typing import Any
 from ..backends import backend
 from .contract import Contract, parse_contract
 from .node_facts import NETWORK_FILESYSTEMS
-from .plan import Plan, build_plan, residency_of
+from .plan import Plan, checked_plan, insecure_warning, residency_of
 from .platforms import platform_problems
-from .ports import port_problems, port_uses
+from .ports import host_port_uses
 from .problems import Problem
 
 GIB = 1024 ** 3
@@ -27,6 +27,7 @@ class PreflightResult:
     plan: Plan | None
     problems: list[Problem]
     checks: list[str] = field(default_factory=list)  # what was checked, for the report
+    warnings: list[str] = field(default_factory=list)  # what passes but the user should know (plan_warnings)
 
 
 def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], infra_hosts: list[str],
@@ -36,8 +37,10 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
               "engine shape (nnodes, tensor parallel size, GPUs per node)", "model pin and weight format"]
     if contract is None:
         return PreflightResult(None, None, problems, checks)
-    problems += port_problems(contract.ports, contract.cohorts)
-    checks.append(f"{len(port_uses(contract.ports, contract.cohorts))} ports: range and collisions")
+    plan, refused = checked_plan(contract)  # the plan's own refusals (its ports), as every path gets them
+    problems += refused
+    checks.append(f"{sum(len(uses) for uses in host_port_uses(contract).values())} ports of "
+                  f"{len(host_port_uses(contract))} host(s): range and collisions on each host")
     for node in _all_hosts(contract):
         host_facts = facts.get(node)
         if host_facts is None:
@@ -58,8 +61,20 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
     problems += _memory_problems(contract, facts)
     problems += _security_switch_problems(contract, facts)
     checks.append("gms_insecure unchanged on a running deployment")
-    plan = build_plan(contract) if not problems else None
-    return PreflightResult(contract, plan, problems, checks)
+    if problems:
+        return PreflightResult(contract, None, problems, checks)
+    return PreflightResult(contract, plan, problems, checks, plan_warnings(contract))
+
+
+def plan_warnings(contract: Contract) -> list[str]:
+    """What passes preflight but limits the deployment: a plain control plane (gms_insecure), one cohort."""
+    warnings = [insecure_warning(contract.deployment)] if contract.insecure else []
+    if contract.cohorts == 1:
+        warnings.append(f"gms_cohorts is 1: deployment {contract.deployment} has a primary cohort and no shadow, so "
+                        "nothing can take over when it fails: serving stops until it is relaunched. Set gms_cohorts: "
+                        "2 or more for shadow-engine failover (a shadow adds no weight memory, only "
+                        "gms_memory.engine_overhead_gib per GPU).")
+    return warnings
 
 
 def _all_hosts(contract: Contract) -> list[str]:
@@ -68,14 +83,9 @@ def _all_hosts(contract: Contract) -> list[str]:
 
 
 def _listening_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list[Problem]:
-    infra = {n.host for n in contract.infra_hosts}
     wanted = {}
-    for use in port_uses(contract.ports, contract.cohorts):
-        if use.where == "infra hosts" and host not in infra:
-            continue
-        if use.where == "leader node" and host != contract.leader.host:
-            continue
-        wanted[use.port] = use
+    for use in host_port_uses(contract).get(host, []):
+        wanted.setdefault(use.port, use)
     problems = []
     for sock in facts.get("listening") or []:
         use = wanted.get(sock["port"])

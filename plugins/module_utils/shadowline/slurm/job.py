@@ -22,7 +22,7 @@ from typing import Any
 from ..control.access import etcd_tls_files
 from ..deployment.addresses import PLACEHOLDER_RE
 from ..deployment.contract import FRONTEND_TLS_PLAIN, parse_contract
-from ..deployment.plan import PYTHON_PROXY, CohortPlan, Plan, build_plan, etcd_proxy_ports, shell_quote
+from ..deployment.plan import PYTHON_PROXY, CohortPlan, Plan, checked_plan, etcd_proxy_ports, shell_quote
 from ..deployment.problems import Problem
 from ..deployment.values import as_int
 from .job_secrets import BUNDLE
@@ -133,8 +133,10 @@ def build_job_plan(shared: dict[str, Any], inventory_hosts: int) -> tuple[Plan |
     # Unless gms_insecure: the job's etcd wants TLS with a client certificate and passwords, its NATS and request
     # plane TLS, with credentials the supervisor makes for the job at its start (slurm/job_secrets.py), under
     # <node_dir>/config/secrets; Dynamo's processes reach etcd through the job's own proxy (slurm/etcd_proxy.py).
-    plan = build_plan(contract, state_dir=f"{node_dir}/state", config_dir=f"{node_dir}/config", model_view=False,
-                      etcd_proxy=PYTHON_PROXY)
+    plan, refused = checked_plan(contract, state_dir=f"{node_dir}/state", config_dir=f"{node_dir}/config",
+                                 model_view=False, etcd_proxy=PYTHON_PROXY)
+    if plan is None:
+        return None, None, refused
     return plan, options, problems
 
 
