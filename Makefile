@@ -15,12 +15,18 @@ INVENTORY ?= inventories/local
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 22
 
-setup: $(BIN)/.stamp collections/ansible_collections/shadowline/gms ## install the dev venv and wire the collection (idempotent)
+setup: $(BIN)/.stamp $(BIN)/shadowline collections/ansible_collections/shadowline/gms ## install the dev venv, the shadowline command and wire the collection (idempotent)
 
 $(BIN)/.stamp: requirements/dev.lock
 	scripts/setup-system
 	test -x $(BIN)/python || /usr/bin/python3 -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements/dev.lock
+	touch $@
+
+# The shadowline command (pyproject.toml's console scripts: shadowline, shadowline-agent), installed editable so that
+# .venv/bin/shadowline runs this checkout's library; the Slurm job template comes with it as package data.
+$(BIN)/shadowline: pyproject.toml | $(BIN)/.stamp
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e $(ROOT)
 	touch $@
 
 collections/ansible_collections/shadowline/gms:

@@ -156,3 +156,139 @@ def test_status_through_ansible_prints_a_plain_table():
     assert [line.split()[:6] for line in lines[2:4]] == [["0", "primary", "local0", "0", "-", "dead"],
                                                          ["1", "shadow", "local0", "0", "-", "dead"]]
     assert lines[-1] == "lock holder: none (no cohort is serving)" and '"' not in proc.stdout
+
+
+# -- status as data, zsh completion, render-slurm installed, bad input (issue #42) ------------------------------ #
+
+def plan_file(tmp_path: Path) -> Path:
+    hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16}, gms_deployment="clitest")
+    contract, problems = parse_contract(hv, hosts)
+    assert contract is not None, problems
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(build_plan(contract).to_dict()))
+    return plan
+
+
+def test_status_as_json_and_yaml_holds_what_the_table_shows(installed: Path, tmp_path: Path):
+    import yaml
+
+    from shadowline.control.status_table import status_document, table_rows
+    plan = plan_file(tmp_path)
+    table = shadowline(installed, "status", "--plan", str(plan), "--host", "node0")
+    as_json = shadowline(installed, "status", "--plan", str(plan), "--host", "node0", "-o", "json")
+    as_yaml = shadowline(installed, "status", "--plan", str(plan), "--host", "node0", "--output", "yaml")
+    assert table.returncode == as_json.returncode == as_yaml.returncode == 1, "not whole, whatever the format"
+    data = json.loads(as_json.stdout)
+    assert yaml.safe_load(as_yaml.stdout) == data
+    assert data == status_document(*table_rows(table.stdout.splitlines()))
+    assert data["lock_holder"] is None and data["whole"] is False and len(data["ranks"]) == 2
+    first = data["ranks"][0]
+    assert set(first) == {"cohort", "role", "node", "rank", "pid", "state", "holder", "ports", "model"}
+    assert (first["node"], first["state"], first["pid"], first["holder"]) == ("node0", "dead", None, False)
+    assert all(isinstance(port, int) for port in first["ports"].values()), first["ports"]
+
+
+def test_status_yaml_without_pyyaml_is_a_clear_error(installed: Path, tmp_path: Path):
+    no_yaml = tmp_path / "no-yaml"
+    (no_yaml / "yaml").mkdir(parents=True)
+    (no_yaml / "yaml" / "__init__.py").write_text("raise ImportError('no PyYAML here')\n")
+    env = {**os.environ, "PYTHONPATH": f"{no_yaml}:{installed}"}
+    proc = subprocess.run([str(installed / "bin" / "shadowline"), "status", "--plan", str(plan_file(tmp_path)),
+                           "-o", "yaml"], capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout
+    assert "-o yaml needs PyYAML" in proc.stderr and "-o json" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_table_reads_back_as_the_rows_it_printed():
+    from shadowline.control.status_table import render_status_table, status_document, status_rows, table_rows
+    ports = {"master": 29500, "system": 9345, "nixl": 5600}
+    ranks = [{"cohort": 0, "role": "primary", "host": "n0", "rank": 0, "pid": 4242, "state": "active", "leader": True,
+              "ports": ports},
+             {"cohort": 0, "role": "primary", "host": "n1", "rank": 1, "pid": None, "state": "running",
+              "leader": False, "ports": ports},
+             {"cohort": 1, "role": "shadow", "host": "n0", "rank": 0, "pid": 77, "state": "parked", "leader": True,
+              "ports": ports}]
+    rows = status_rows(ranks, "engine-0", "m@0123456789ab")
+    assert table_rows(render_status_table(ranks, "engine-0", "m@0123456789ab").splitlines()) == (rows, "engine-0")
+    data = status_document(rows, "engine-0")
+    assert [r["holder"] for r in data["ranks"]] == [True, False, False]
+    assert [r["pid"] for r in data["ranks"]] == [4242, None, 77]
+    assert data["whole"] is True and data["lock_holder"] == "engine-0"
+    assert table_rows(["PLAY [x]", "ok: [n0]"]) == ([], None)
+
+
+def test_zsh_completion_knows_the_subcommands_options_and_choices(installed: Path, tmp_path: Path):
+    proc = shadowline(installed, "completion", "zsh")
+    assert proc.returncode == 0, proc.stderr
+    script = proc.stdout
+    assert script.startswith("#compdef shadowline\n")
+    for name in SUBCOMMANDS:
+        assert f"'{name}:" in script and f"({name}) opts=(" in script, name
+    assert "--json" in script.split("(plan) opts=(")[1].split(")")[0]
+    assert "compadd -- table json yaml" in script and "words_of=(bash zsh)" in script
+    assert "compdef _shadowline shadowline" in script
+    zsh = shutil.which("zsh")
+    if zsh is None:
+        pytest.skip("zsh is not installed here: the script's text is checked, not run")
+    path = tmp_path / "_shadowline"
+    path.write_text(script)
+    assert subprocess.run([zsh, "-n", str(path)], check=False).returncode == 0
+    probe = (f"source {path}; compadd() {{ shift; print -r -- \"$*\" }}; _describe() {{ print -r -- described }}; "
+             "_files() { print -r -- files }; "
+             "words=(shadowline status -o ''); CURRENT=4; PREFIX=''; _shadowline; "
+             "words=(shadowline plan --j); CURRENT=3; PREFIX=--j; _shadowline")
+    lines = subprocess.run([zsh, "-f", "-c", probe], capture_output=True, text=True, check=False).stdout.splitlines()
+    assert lines[0] == "table json yaml" and "--json" in lines[1], lines
+
+
+def test_bash_completion_offers_the_values_of_choices(installed: Path, tmp_path: Path):
+    script = tmp_path / "shadowline.bash"
+    script.write_text(shadowline(installed, "completion", "bash").stdout)
+    probe = (f'source {script}; COMP_WORDS=(shadowline status -o y); COMP_CWORD=3; _shadowline; '
+             'echo "${COMPREPLY[@]}"; COMP_WORDS=(shadowline completion ""); COMP_CWORD=2; _shadowline; '
+             'echo "${COMPREPLY[@]}"')
+    lines = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=False).stdout.splitlines()
+    assert lines == ["yaml", "bash zsh"], lines
+
+
+def test_render_slurm_from_the_installed_copy(installed: Path, tmp_path: Path):
+    """The job template is package data: an installed shadowline renders without a checkout."""
+    hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16}, gms_deployment="clitest")
+    shared = {k: v for k, v in hv[hosts[0]].items() if k.startswith("gms_") and k != "gms_node_rank"}
+    (tmp_path / "vars.json").write_text(json.dumps(shared))
+    assert (installed / "shadowline" / "slurm" / "job.sbatch.j2").is_file()
+    proc = shadowline(installed, "render-slurm", "--vars-json", str(tmp_path / "vars.json"), "--hosts", "2",
+                      "--out-dir", str(tmp_path / "jobs"))
+    assert proc.returncode == 0, proc.stderr
+    written = Path(json.loads(proc.stdout.splitlines()[-1])["path"])
+    assert written.read_text().startswith("#!/bin/bash") and "#SBATCH" in written.read_text()
+
+
+def test_more_bad_inputs_get_a_message_never_a_traceback(installed: Path, tmp_path: Path):
+    not_json = tmp_path / "broken.json"
+    not_json.write_text('{"gms_deployment": ')
+    a_list = tmp_path / "list.json"
+    a_list.write_text("[]")
+    not_yaml = tmp_path / "inventory.yml"
+    not_yaml.write_text("all: [unclosed\n")
+    cases = {
+        ("render-slurm", "--vars-json", str(tmp_path / "missing.json")): (1, "cannot read the variables"),
+        ("render-slurm", "--vars-json", str(not_json)): (1, "cannot read the variables"),
+        ("render-slurm", "--vars-json", str(a_list)): (1, "is not a JSON object"),
+        ("render-slurm", "-i", str(tmp_path / "missing"), "--no-ansible"): (1, "cannot read the inventory"),
+        ("render-slurm", "-i", str(not_yaml), "--no-ansible"): (1, "cannot read the inventory"),
+        ("status",): (1, "give -i INVENTORY or --plan"),
+        ("status", "--plan", str(not_json), "-o", "json"): (1, "is not a shadowline plan.json"),
+        ("status", "-o", "xml"): (2, "invalid choice: 'xml'"),
+        ("completion", "fish"): (2, "invalid choice: 'fish'"),
+        ("completion",): (2, "the following arguments are required"),
+        ("plan",): (1, "give -i INVENTORY"),
+    }
+    evidence = json.loads((ROOT / "tests" / "unit" / "data" / "drills" / "kill-leader.json").read_text())
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({**compute_report(evidence), "evidence": evidence}))
+    cases[("drill-report", str(report), "--svg", str(tmp_path / "no" / "such" / "x.svg"))] = (
+        1, "cannot write the timeline")
+    for argv, (code, said) in cases.items():
+        proc = shadowline(installed, *argv, cwd=tmp_path)
+        assert proc.returncode == code and said in proc.stderr and "Traceback" not in proc.stderr, (argv, proc.stderr)

@@ -4,8 +4,8 @@
   shadowline render-slurm -i INVENTORY    a ready-to-submit sbatch script (what slurm/render does)
   shadowline drill-report FILE            the table and SVG timeline of a drill report (playbooks/drill.yml)
   shadowline status [-i INVENTORY]        the status table from live state (what playbooks/status.yml prints);
-                                          exit status 0 only when every rank is active, parked or running
-  shadowline completion bash              a bash completion script: eval "$(shadowline completion bash)"
+                  [-o table|json|yaml]    exit status 0 only when every rank is active, parked or running
+  shadowline completion bash|zsh          a completion script: eval "$(shadowline completion bash)"
   shadowline --version
 
 Installed with the package (`pip install .`: the console script `shadowline`); scripts/show-plan and
@@ -144,14 +144,18 @@ def cmd_drill_report(args: argparse.Namespace) -> int:
     evidence = report.get("evidence") or {}
     if args.svg != "-" and "requests" in evidence:
         svg = Path(args.svg) if args.svg else path.with_suffix(".svg")
-        svg.write_text(render_svg(report, evidence["requests"], evidence.get("nodes") or []))
+        try:
+            svg.write_text(render_svg(report, evidence["requests"], evidence.get("nodes") or []))
+        except OSError as err:
+            raise SystemExit(f"{PROG} drill-report: cannot write the timeline {svg}: {err.strerror}") from None
         console.out(f"timeline: {svg}")
     return 0 if report.get("passed", True) else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    dump = status_dumper(args.output)  # before anything runs: -o yaml without PyYAML is refused at once
     if args.plan:
-        return local_status(args.plan, args.host)
+        return local_status(args.plan, args.host, dump)
     playbook = str(CHECKOUT / "playbooks" / "status.yml") if in_checkout() else "shadowline.gms.status"
     argv = [ansible_tool("ansible-playbook"), "-i", args.inventory, playbook]
     env = {**ansible_env(), "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
@@ -159,10 +163,27 @@ def cmd_status(args: argparse.Namespace) -> int:
     lines = status_lines(run.stdout)
     if run.returncode != 0 or not lines:
         console.err(run.stdout + run.stderr)
-    for line in lines:
-        console.out(line)
-    from .control.status_table import table_states, whole
+    from .control.status_table import status_document, table_rows, table_states, whole
+    if dump is not None:
+        console.out(dump(status_document(*table_rows(lines))))
+    else:
+        for line in lines:
+            console.out(line)
     return run.returncode or (0 if whole(table_states(lines)) else 1)
+
+
+def status_dumper(output: str) -> Callable[[dict], str] | None:
+    """How -o prints the status as data (None: the table)."""
+    if output == "json":
+        return lambda data: json.dumps(data, indent=2)
+    if output == "yaml":
+        try:
+            import yaml
+        except ImportError:
+            raise SystemExit(f"{PROG} status: -o yaml needs PyYAML, which this Python ({sys.executable}) does "
+                             "not have: pip install pyyaml, or use -o json") from None
+        return lambda data: yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip("\n")
+    return None
 
 
 STATUS_TASK = "TASK [Print the status table]"
@@ -182,10 +203,10 @@ def status_lines(output: str) -> list[str]:
     return []
 
 
-def local_status(plan_path: str, host: str | None) -> int:
+def local_status(plan_path: str, host: str | None, dump: Callable[[dict], str] | None = None) -> int:
     """This node's rows, read here without Ansible (on a node: the plan.json the agent role writes)."""
     from .control.cohort_state import lock_holder, rank_states
-    from .control.status_table import render_status_table, whole
+    from .control.status_table import render_status_table, status_document, status_rows, whole
     from .deployment.plan import Plan
     try:
         plan = Plan.load(plan_path)
@@ -200,13 +221,31 @@ def local_status(plan_path: str, host: str | None) -> int:
     host = host or next((n.host for n in plan.nodes if n.host == os.uname().nodename), plan.leader_node.host)
     ranks = rank_states(plan, host, plan.failover.health_timeout_s)
     holder = lock_holder(plan.lock_path) if any(r["leader"] for r in ranks) else None
-    console.out(render_status_table(ranks, holder, f"{plan.model_id}@{plan.revision[:12]}"))
+    model = f"{plan.model_id}@{plan.revision[:12]}"
+    if dump is not None:
+        console.out(dump(status_document(status_rows(ranks, holder, model), holder)))
+    else:
+        console.out(render_status_table(ranks, holder, model))
     return 0 if whole([r["state"] for r in ranks]) else 1
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    console.out(bash_completion(build_parser()))
+    script = zsh_completion if args.shell == "zsh" else bash_completion
+    console.out(script(build_parser()))
     return 0
+
+
+def _choices(parser: argparse.ArgumentParser) -> tuple[dict[str, list[str]], list[str]]:
+    """The options that take one of a few values (option -> values), and the values of a positional with choices."""
+    options: dict[str, list[str]] = {}
+    positional: list[str] = []
+    for action in parser._actions:
+        if action.choices and not isinstance(action, argparse._SubParsersAction):
+            if action.option_strings:
+                options.update({o: [str(c) for c in action.choices] for o in action.option_strings})
+            else:
+                positional += [str(c) for c in action.choices]
+    return options, positional
 
 
 def bash_completion(parser: argparse.ArgumentParser) -> str:
@@ -215,30 +254,79 @@ def bash_completion(parser: argparse.ArgumentParser) -> str:
     cases = []
     for name, sub in subcommands.items():
         options = sorted(o for action in sub._actions for o in action.option_strings)
-        cases.append(f'    {name}) opts="{" ".join(options)}" ;;')
+        valued, positional = _choices(sub)
+        body = [f'opts="{" ".join(options)}"'] + ([f'words="{" ".join(positional)}"'] if positional else [])
+        body += [f'[[ "$prev" == {o} ]] && {{ COMPREPLY=($(compgen -W "{" ".join(v)}" -- "$cur")); return; }}'
+                 for o, v in sorted(valued.items())]
+        cases.append(f'    {name}) {"; ".join(body)} ;;')
     return "\n".join([
         "# bash completion for shadowline: eval \"$(shadowline completion bash)\"",
         "_shadowline() {",
-        '  local cur="${COMP_WORDS[COMP_CWORD]}" opts',
+        '  local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" opts words=""',
         "  if [ \"$COMP_CWORD\" -eq 1 ]; then",
-        f'    COMPREPLY=($(compgen -W "{" ".join(subcommands)} --help" -- "$cur")); return',
+        f'    COMPREPLY=($(compgen -W "{" ".join(subcommands)} --help --version" -- "$cur")); return',
         "  fi",
         '  case "${COMP_WORDS[1]}" in',
         *cases,
         "    *) opts=\"\" ;;",
         "  esac",
         '  if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "$opts" -- "$cur"));',
+        '  elif [ -n "$words" ]; then COMPREPLY=($(compgen -W "$words" -- "$cur"));',
         '  else COMPREPLY=($(compgen -f -- "$cur")); fi',
         "}",
         "complete -o filenames -F _shadowline shadowline",
     ])
 
 
+def zsh_completion(parser: argparse.ArgumentParser) -> str:
+    """A zsh completion function from the parser itself: subcommands with their summaries, then each one's options,
+    the values of an option or argument that has choices, and files."""
+    subcommands = _subparsers(parser)
+    summaries = {a.dest: a.help for a in _subparsers_action(parser)._choices_actions}
+    described = " ".join(_zsh_word(f"{name}:{summaries.get(name) or name}") for name in subcommands)
+    cases = []
+    for name, sub in subcommands.items():
+        options = " ".join(sorted(o for action in sub._actions for o in action.option_strings))
+        valued, positional = _choices(sub)
+        body = [f"opts=({options})"] + ([f"words_of=({' '.join(positional)})"] if positional else [])  # not words:
+        body += [f"[[ $prev == {o} ]] && {{ compadd -- {' '.join(v)}; return; }}"  # zsh's own array
+                 for o, v in sorted(valued.items())]
+        cases.append(f"    ({name}) {'; '.join(body)} ;;")
+    return "\n".join([
+        "#compdef shadowline",
+        "# zsh completion for shadowline: after compinit, eval \"$(shadowline completion zsh)\"; or save it as",
+        "# _shadowline in a directory of $fpath.",
+        "_shadowline() {",
+        "  local prev=${words[CURRENT-1]}",
+        "  local -a subcommands opts words_of",
+        f"  subcommands=({described})",
+        "  if (( CURRENT == 2 )); then",
+        "    if [[ $PREFIX == -* ]]; then compadd -- --help --version; else _describe -t commands command subcommands; fi",
+        "    return",
+        "  fi",
+        "  case ${words[2]} in",
+        *cases,
+        "    (*) opts=() ;;",
+        "  esac",
+        "  if [[ $PREFIX == -* ]]; then compadd -- $opts",
+        "  elif (( ${#words_of} )); then compadd -- $words_of",
+        "  else _files; fi",
+        "}",
+        "if (( $+functions[compdef] )); then compdef _shadowline shadowline; fi",
+    ])
+
+
+def _zsh_word(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
+    action = _subparsers_action(parser)
+    return dict(action.choices) if action else {}
+
+
+def _subparsers_action(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
 
 
 # -- the parser ----------------------------------------------------------------------------------------------- #
@@ -304,11 +392,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="inventory (default in a checkout: inventories/testbed, the testbed deployment)")
     where.add_argument("--plan", help="a plan.json: read this node's ranks without Ansible")
     status.add_argument("--host", help="with --plan: the node's inventory name (default: this host's name)")
+    status.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table",
+                        help="table (default), or the same rows and lock holder as JSON or YAML (YAML needs PyYAML)")
 
     completion = add("completion", cmd_completion, "print a shell completion script",
-                     'Print a completion script for the shell: eval "$(shadowline completion bash)", or save it as '
-                     "/etc/bash_completion.d/shadowline.")
-    completion.add_argument("shell", choices=["bash"], help="the shell (bash)")
+                     'Print a completion script for the shell.\nbash: eval "$(shadowline completion bash)" in ~/.bashrc, '
+                     "or save it as /etc/bash_completion.d/shadowline.\nzsh: after compinit, "
+                     'eval "$(shadowline completion zsh)" in ~/.zshrc, or save it as _shadowline in a directory of '
+                     "$fpath.")
+    completion.add_argument("shell", choices=["bash", "zsh"], help="the shell (bash or zsh)")
     return parser
 
 

@@ -40,3 +40,51 @@ def render_status_table(ranks: list[dict[str, Any]], holder: str | None, model: 
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append(f"lock holder: {holder or 'none (no cohort is serving)'}")
     return "\n".join(lines)
+
+
+# -- the same table as data (shadowline status -o json|yaml) ---------------------------------------------------- #
+
+NO_HOLDER = "none (no cohort is serving)"
+
+
+def status_document(rows: list[tuple[str, ...]], holder: str | None) -> dict[str, Any]:
+    """The table's rows and lock holder as data: one record per row, with the table's columns as keys (ports split
+    into master/system/nixl, numbers as numbers, the lock column as ``holder``), and ``whole`` as the exit status
+    judges it."""
+    ranks = []
+    for row in rows:
+        cell = dict(zip(COLUMNS, row))
+        master, system, nixl = (cell["ports (master/system/nixl)"].split("/") + ["", "", ""])[:3]
+        ranks.append({"cohort": _number(cell["cohort"]), "role": cell["role"], "node": cell["node"],
+                      "rank": _number(cell["rank"]), "pid": None if cell["pid"] in ("", "-") else _number(cell["pid"]),
+                      "state": cell["state"], "holder": cell["lock"] == "holder",
+                      "ports": {"master": _number(master), "system": _number(system), "nixl": _number(nixl)},
+                      "model": cell["model"]})
+    return {"ranks": ranks, "lock_holder": holder if holder and holder != NO_HOLDER else None,
+            "whole": whole([r["state"] for r in ranks])}
+
+
+def table_rows(lines: list[str]) -> tuple[list[tuple[str, ...]], str | None]:
+    """A printed table's rows and lock holder, read back by the column spans its dashed line marks (a blank lock
+    cell stays blank). ([], None) when the lines are not a status table."""
+    if len(lines) < 2 or lines[0].split()[:3] != ["cohort", "role", "node"] or set(lines[1]) - {"-", " "}:
+        return [], None
+    spans, start = [], 0
+    for dashes in lines[1].split("  "):
+        spans.append((start, start + len(dashes)))
+        start += len(dashes) + 2
+    if len(spans) != len(COLUMNS):
+        return [], None
+    rows, holder = [], None
+    for line in lines[2:]:
+        if line.startswith("lock holder:"):
+            holder = line.split(":", 1)[1].strip()
+            continue
+        if line.strip():
+            rows.append(tuple(line[a:b].strip() if i < len(spans) - 1 else line[a:].strip()
+                              for i, (a, b) in enumerate(spans)))
+    return rows, holder
+
+
+def _number(text: str) -> int | str:
+    return int(text) if text.isdigit() else text

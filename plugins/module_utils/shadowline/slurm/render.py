@@ -217,12 +217,21 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"render-slurm needs the job template {TEMPLATE}, which the package installs beside "
                          "slurm/render.py: reinstall shadowline (pip install .) or run it from a checkout")
     if args.vars_json:
-        shared = json.loads(Path(args.vars_json).read_text())
+        try:
+            shared = json.loads(Path(args.vars_json).read_text())
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"render-slurm: cannot read the variables {args.vars_json}: {err}") from None
+        if not isinstance(shared, dict):
+            raise SystemExit(f"render-slurm: {args.vars_json} is not a JSON object of the deployment's gms_* values")
         hosts, problems, how = args.hosts, [], "Ansible (playbooks/slurm_render.yml)"
     else:
         tool = None if args.no_ansible else ansible_inventory()
-        hostvars, groups = (read_with_ansible(tool, args.inventory) if tool
-                            else YamlInventory(args.inventory).read())
+        unreadable = (OSError, ValueError) if tool else (OSError, ValueError, need("yaml").YAMLError)
+        try:
+            hostvars, groups = (read_with_ansible(tool, args.inventory) if tool
+                                else YamlInventory(args.inventory).read())
+        except unreadable as err:
+            raise SystemExit(f"render-slurm: cannot read the inventory {args.inventory}: {err}") from None
         shared, hosts, problems = deployment_values(hostvars, groups, args.group)
         how = f"{'ansible-inventory' if tool else 'PyYAML'} from {args.inventory}"
     text, default_name, render_problems = (None, "", []) if problems else render(shared, hosts, "slurm/render")
@@ -232,13 +241,16 @@ def run(args: argparse.Namespace) -> int:
         console.err(text.replace("nothing was changed on any host", "nothing was written"))
         return 1
     target = Path(args.out) if args.out else Path(args.out_dir or ".") / default_name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    changed = not (target.exists() and target.read_text() == text)
-    if changed:
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        tmp.replace(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        changed = not (target.is_file() and target.read_text() == text)
+        if changed:
+            tmp = target.with_name(f".{target.name}.tmp")
+            tmp.write_text(text)
+            tmp.chmod(0o755)
+            tmp.replace(target)
+    except OSError as err:
+        raise SystemExit(f"render-slurm: cannot write {target}: {err}") from None
     result = {"path": str(target.resolve()), "changed": changed, "inventory": how, "submit": f"sbatch {target}"}
     if not Plan.from_dict(read_spec(text)["plan"]).secure:  # the plan the supervisor will read
         result["warning"] = "slurm/render: warning: " + insecure_warning(str(shared.get("gms_deployment")))
