@@ -52,6 +52,11 @@ DEFAULT_ENGINE: dict[str, Any] = {
     # keep-alive has failed for this long (an etcd outage), so it is also how long an etcd outage every engine
     # survives (less one keep-alive period); a dead engine's lease is revoked by the agents at once, not waited for.
     "lease_ttl_s": 30,
+    # Engine environment variables the site needs (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, GLOO_SOCKET_IFNAME on multi-NIC
+    # nodes): rendered into every rank's unit and the Slurm job; never a secret (units and the plan are readable)
+    "env": {},
+    # CUDA graphs: false renders --enforce-eager, the one mode every GMS shadow build accepts (docs/gpu-cluster.md)
+    "cuda_graphs": False,
 }
 DEFAULT_MEMORY: dict[str, Any] = {
     "gpu_memory_gib": None,  # default: measured with nvidia-smi when present
@@ -112,7 +117,13 @@ MANAGED_FLAGS = {
     "--master-port": "gms_ports.master_base and gms_ports.master_stride", "--headless": "(set on ranks other than 0)",
     "--distributed-executor-backend": "(always mp for several nodes)",
     "--distributed-timeout-seconds": "gms_failover.collective_timeout_s",
+    "--enforce-eager": "gms_engine.cuda_graphs (false, the default, renders it)",
 }
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# names that say a secret: the engines' environment is written into unit files and the plan, which any local user
+# and every Ansible run may read (a token goes in a file: gms_model_hf_token_file)
+SECRET_NAME_RE = re.compile(r"TOKEN|PASSWORD|PASSWD|SECRET|CREDENTIAL|PRIVATE|ACCESS_KEY|API_KEY|(^|_)KEY$", re.I)
+ENV_VALUE_MAX = 4096
 
 # Every variable of the contract, so a misspelt one is reported instead of silently ignored.
 KNOWN_VARIABLES = [
@@ -169,6 +180,8 @@ class Engine:
     gpus_per_node: int
     extra_args: tuple[str, ...]
     lease_ttl_s: int
+    env: tuple[tuple[str, str], ...] = ()  # gms_engine.env, sorted by name
+    cuda_graphs: bool = False
 
 
 @dataclass(frozen=True)
@@ -576,12 +589,56 @@ def _parse_engine(read: Reader, value: Any, node_count: int) -> Engine | None:
             if flag in MANAGED_FLAGS:
                 read.problem("gms_engine.extra_args", f"contains {flag}, which shadowline sets from the plan.",
                              f"remove it from extra_args; it comes from {MANAGED_FLAGS[flag]}.")
-    if None in (backend, tp, nnodes, gpus, lease) or extra is None:
+    env = _parse_engine_env(read, values["env"])
+    cuda_graphs = read.boolean("gms_engine.cuda_graphs", values["cuda_graphs"])
+    if None in (backend, tp, nnodes, gpus, lease, env, cuda_graphs) or extra is None:
         return None
-    if not (backend is not None and tp is not None and nnodes is not None and gpus is not None and lease is not None):
+    if not (backend is not None and tp is not None and nnodes is not None and gpus is not None and lease is not None
+            and env is not None and cuda_graphs is not None):
         raise AssertionError("unreachable: checked above")
     return Engine(backend=backend, tensor_parallel_size=tp, nnodes=nnodes, gpus_per_node=gpus,
-                  extra_args=tuple(extra), lease_ttl_s=lease)
+                  extra_args=tuple(extra), lease_ttl_s=lease, env=env, cuda_graphs=cuda_graphs)
+
+
+def _parse_engine_env(read: Reader, value: Any) -> tuple[tuple[str, str], ...] | None:
+    """gms_engine.env: NAME: value pairs for every rank. A name is a shell identifier, not one shadowline sets
+    (SHADOWLINE_*, HOME; the plan's own names are refused where the plan is built: deployment/plan.py), never one
+    that says a secret; a value is a string or a number on one line. Nothing of a value is ever put in a message."""
+    example = "{NCCL_SOCKET_IFNAME: ens1f0, NCCL_IB_HCA: mlx5_0}"
+    if value is None or value == {}:
+        return ()
+    if not isinstance(value, dict):
+        read.problem("gms_engine.env", f"must be a mapping of variable names to values, got {describe(value)}.",
+                     f"write it as a YAML mapping, e.g. {example}.")
+        return None
+    pairs: list[tuple[str, str]] = []
+    ok = True
+    for name, raw in value.items():
+        field_name = f"gms_engine.env.{name}"
+        if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+            read.problem("gms_engine.env", f"has the name {name!r}, which is no environment variable name.",
+                         "use letters, digits and '_', not starting with a digit, e.g. NCCL_SOCKET_IFNAME.")
+            ok = False
+        elif name.upper().startswith("SHADOWLINE_") or name.upper() == "HOME":
+            read.problem(field_name, "is set by shadowline itself for every rank.", "remove it from gms_engine.env.")
+            ok = False
+        elif SECRET_NAME_RE.search(name):
+            read.problem(field_name, "looks like a secret; the engines' environment is written into unit files, the "
+                                     "plan and the Slurm job, which are not secret.",
+                         "remove it; give a Hugging Face token with gms_model_hf_token_file, and keep other "
+                         "credentials in a file the service user reads (docs/security.md).")
+            ok = False
+        elif isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+            read.problem(field_name, f"must be a string or a number, got {describe(raw) if isinstance(raw, bool) else type(raw).__name__}.",
+                         f"quote the value in YAML, e.g. {name}: \"1\".")
+            ok = False
+        elif isinstance(raw, str) and (len(raw) > ENV_VALUE_MAX or any(ord(c) < 32 or ord(c) == 127 for c in raw)):
+            read.problem(field_name, f"has a control character (a newline, a tab) or more than {ENV_VALUE_MAX} "
+                                     "characters.", "write the value on one line, without tabs.")
+            ok = False
+        else:
+            pairs.append((name, raw if isinstance(raw, str) else str(raw)))
+    return tuple(sorted(pairs)) if ok else None
 
 
 def _check_engine_shape(read: Reader, engine: Engine, node_count: int) -> None:

@@ -493,6 +493,9 @@ def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str
     infra = _infra_plan(contract, dirs, security, etcd_proxy)
     gms_servers = tuple(_gms_server(contract, node) for node in contract.nodes)
     cohorts = tuple(_cohort_plan(contract, infra, security, cohort, model_path) for cohort in range(contract.cohorts))
+    overridden = env_overridden(contract, cohorts)
+    if overridden:
+        raise PlanRefused(overridden)
     return Plan(
         deployment=contract.deployment, backend=contract.engine.backend,
         state_dir=dirs.state, config_dir=dirs.config, service_user=contract.service_user,
@@ -502,6 +505,17 @@ def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str
         lock_path=contract.lock_path, nodes=contract.nodes, infra=infra, gms_servers=gms_servers, cohorts=cohorts,
         python=contract.python, monitoring=contract.monitoring, security=security, container=contract.container,
     )
+
+
+def env_overridden(contract: Contract, cohorts: tuple[CohortPlan, ...]) -> list[Problem]:
+    """gms_engine.env names that the plan sets itself for a rank (ENGINE_ID, FAILOVER_LOCK_PATH, ETCD_ENDPOINTS,
+    the backend's CUDA_VISIBLE_DEVICES, ...): refused, the one list of such names being what the plan renders.
+    Values are never named (they are the user's, and may be anything)."""
+    names = {name for cohort in cohorts for rank in cohort.ranks for name, value in contract.engine.env
+             if rank.process.env.get(name) != value}
+    return [Problem(field=f"gms_engine.env.{name}", message="is set by shadowline itself for every rank (from the plan).",
+                    fix="remove it from gms_engine.env; the variable it comes from is in docs/variables.md.")
+            for name in sorted(names)]
 
 
 @dataclass(frozen=True)
@@ -782,7 +796,7 @@ def _rank_plan(contract: Contract, infra: InfraPlan, security: Security, cohort:
     headless = node.rank != 0
     argv = [runtime_python(contract), "-m", backend(engine.backend).engine_module,
             "--model", model_path, "--served-model-name", contract.model.id,
-            "--load-format", "gms", "--enforce-eager", "--enable-sleep-mode",
+            "--load-format", "gms", *(() if engine.cuda_graphs else ("--enforce-eager",)), "--enable-sleep-mode",
             "--tensor-parallel-size", str(engine.tensor_parallel_size)]
     if engine.nnodes > 1:
         argv += ["--distributed-executor-backend", "mp", "--nnodes", str(engine.nnodes),
@@ -793,6 +807,7 @@ def _rank_plan(contract: Contract, infra: InfraPlan, security: Security, cohort:
         argv.append("--headless")
     argv += list(engine.extra_args)
     env = {
+        **dict(engine.env),  # gms_engine.env: what the plan sets below wins, and build_plan refuses such a name
         "ENGINE_ID": str(cohort),
         "DYN_VLLM_GMS_SHADOW_MODE": "true",
         "FAILOVER_LOCK_PATH": contract.lock_path,
