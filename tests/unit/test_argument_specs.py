@@ -17,7 +17,7 @@ from shadowline.model.spec import ModelSpec
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = sorted(p.parent.parent for p in (ROOT / "roles").glob("*/meta/argument_specs.yml"))
 NO_DEFAULT = None  # the contract computes it (nnodes, model id, GPU memory ...): a spec must not state one
-PLACEHOLDER = "<deployment>"  # how the specs and the README write a default that depends on the deployment
+PLACEHOLDER = "<deployment>"  # how the specs and docs/variables.md write a default that depends on the deployment
 
 
 def _spec_defaults() -> dict[str, Any]:

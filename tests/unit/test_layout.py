@@ -1,4 +1,4 @@
-"""The library's shape, enforced: one home per concern (the architecture section of the README).
+"""The library's shape, enforced: one home per concern (docs/architecture.md).
 
 - production code never leans on test tooling or the fake: no module outside ``drill/`` and ``standin/`` imports
   from either (but the stand-in backend's own strategy, ``backends/standin.py``, may ask the stand-in, and the
