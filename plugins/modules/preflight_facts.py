@@ -91,7 +91,9 @@ ansible_facts:
         Listening ports, lock directory filesystem, GPUs, runtime Python, manifest size, and the model the node's
         engines run now (C(running_model), from the deployment's plan.json: revision, directory, tensor parallel
         size, weight bytes; null before a first deployment) and whether its control plane runs secured
-        (C(running_secure), the plan's etcd authentication and NATS TLS; null before a first deployment).
+        (C(running_secure), the plan's etcd authentication and NATS TLS; null before a first deployment), and the
+        SHA-256 digests (never the content) of the CA certificate and etcd passwords it runs with
+        (C(installed_secrets); null before a first deployment or with C(gms_insecure)).
       type: dict
       sample:
         listening: [{port: 22, address: 0.0.0.0, pid: 301, process: sshd, ours: false}]
@@ -102,6 +104,9 @@ ansible_facts:
         running_model: {revision: 5ad0f1e0c0ffee5ad0f1e0c0ffee5ad0f1e0c0ff, model_dir: /var/lib/shadowline/models/m/5ad0f1e0c0ffee5ad0f1e0c0ffee5ad0f1e0c0ff,
                         tensor_parallel_size: 2, weight_bytes: 6291456}
         running_secure: true
+        installed_secrets: {ca.crt: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08,
+                            etcd-agent.password: 60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752,
+                            etcd-root.password: null}
         image: null
 """
 

@@ -38,6 +38,7 @@ def _spec_defaults() -> dict[str, Any]:
         "gms_model_allow_unpinned": fields["allow_unpinned"],
         "gms_model_verify": fields["verify"],
         "gms_insecure": False,
+        "gms_secrets_rotate": False,
         "gms_firewall_allow": [],
         "gms_frontend_allow": [],
         "gms_frontend_tls": contract.FRONTEND_TLS_PLAIN,

@@ -131,7 +131,7 @@ KNOWN_VARIABLES = [
     "gms_socket_dir", "gms_lock_path", "gms_python", "gms_service_user", "gms_memory", "gms_frontend_bind",
     "gms_model_allow_unpinned", "gms_model_allow_pickle", "gms_model_verify", "gms_model_hf_token_file",
     "gms_failover", "gms_slurm",
-    "gms_monitoring", "gms_insecure", "gms_secrets_dir", "gms_firewall_allow", "gms_frontend_allow",
+    "gms_monitoring", "gms_insecure", "gms_secrets_dir", "gms_secrets_rotate", "gms_firewall_allow", "gms_frontend_allow",
     "gms_frontend_tls", "gms_binaries", "gms_container",
 ]
 # gms_frontend_tls: the OpenAI API in plain HTTP (the default), over HTTPS with the frontend host's certificate of
@@ -256,6 +256,7 @@ class Contract:
     monitoring: Monitoring | None = None
     insecure: bool = False  # gms_insecure: etcd and NATS without authentication or TLS (an explicit opt-out)
     secrets_dir: str = ""  # gms_secrets_dir on the controller (absolute, ~ expanded by the controller's plugins)
+    secrets_rotate: bool = False  # gms_secrets_rotate: replace a running deployment's CA and passwords on purpose
     firewall_allow: tuple[str, ...] = ()  # gms_firewall_allow: more sources the host firewall lets in
     frontend_allow: tuple[str, ...] = ()  # gms_frontend_allow: who may reach the frontend (empty: anyone)
     frontend_tls: str = FRONTEND_TLS_PLAIN  # gms_frontend_tls: plain, tls (HTTPS) or mutual (HTTPS, client certificates)
@@ -361,6 +362,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
     allow_pickle = read.boolean("gms_model_allow_pickle", shared.get("gms_model_allow_pickle", False))
     service_user = read.string("gms_service_user", shared.get("gms_service_user", DEFAULT_SERVICE_USER), "shadowline")
     insecure = read.boolean("gms_insecure", shared.get("gms_insecure", False))
+    secrets_rotate = read.boolean("gms_secrets_rotate", shared.get("gms_secrets_rotate", False))
     secrets_dir = _secrets_dir(read, shared.get("gms_secrets_dir"), deployment)
     firewall_allow = _networks(read, "gms_firewall_allow", shared.get("gms_firewall_allow", []))
     frontend_allow = _networks(read, "gms_frontend_allow", shared.get("gms_frontend_allow", []))
@@ -411,6 +413,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         failover=failover,
         allow_unpinned=bool(allow_unpinned), allow_pickle=bool(allow_pickle),
         monitoring=monitoring, insecure=bool(insecure), secrets_dir=secrets_dir or "",
+        secrets_rotate=bool(secrets_rotate),
         firewall_allow=tuple(firewall_allow or ()), frontend_allow=tuple(frontend_allow or ()),
         frontend_tls=frontend_tls or FRONTEND_TLS_PLAIN, binaries=binaries or Binaries(), container=container,
     )

@@ -20,6 +20,7 @@ from ..model.policy import MANIFEST_NAME
 from .container import BACKEND_IMAGES, RUNTIME_MODE
 from .contract import CONFIG_DIR
 from .plan import Plan
+from .secrets_guard import installed_digests
 
 NETWORK_FILESYSTEMS = {
     "nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "smbfs", "afs", "9p", "ceph", "glusterfs",
@@ -43,6 +44,9 @@ def gather(deployment: str | None, lock_path: str | None, python: str | None, ba
         "manifest_weight_bytes": manifest_weight_bytes(model_dir) if model_dir else None,
         "running_model": running_model(running),
         "running_secure": running.secure if running else None,  # Plan.secure: etcd's authentication, NATS's TLS
+        # digests (never content) of the secrets it runs with: preflight refuses to mint others (secrets_guard.py)
+        "installed_secrets": installed_digests(running.security.dir) if running and running.secure
+        and running.security is not None else None,
         "platform": platform_facts(),
     }
 

@@ -17,6 +17,7 @@ from .plan import Plan, checked_plan, insecure_warning, residency_of
 from .platforms import platform_problems
 from .ports import host_port_uses
 from .problems import Problem
+from .secrets_guard import controller_digests, minting_problems
 
 GIB = 1024 ** 3
 
@@ -61,6 +62,9 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
     problems += _memory_problems(contract, facts)
     problems += _security_switch_problems(contract, facts)
     checks.append("gms_insecure unchanged on a running deployment")
+    if not contract.insecure:
+        problems += _secrets_problems(contract, facts)
+        checks.append("gms_secrets_dir holds the CA and passwords the running hosts use")
     if problems:
         return PreflightResult(contract, None, problems, checks)
     return PreflightResult(contract, plan, problems, checks, plan_warnings(contract))
@@ -284,6 +288,14 @@ def _security_switch_problems(contract: Contract, facts: dict[str, dict[str, Any
                     "refused.",
                     f"keep gms_insecure as it is ({'unset' if secured else 'true'}), or run "
                     "playbooks/teardown.yml first and then site.yml with the new setting.")]
+
+
+def _secrets_problems(contract: Contract, facts: dict[str, dict[str, Any] | None]) -> list[Problem]:
+    """A controller without this deployment's secrets (or with another's) would make new ones over those its
+    hosts run with (deployment/secrets_guard.py): refused unless gms_secrets_rotate."""
+    where = os.path.abspath(os.path.expanduser(contract.secrets_dir))
+    installed = {host: host_facts.get("installed_secrets") for host, host_facts in facts.items() if host_facts}
+    return minting_problems(contract.deployment, where, controller_digests(where), installed, contract.secrets_rotate)
 
 
 def _gib(value: float) -> str:
