@@ -101,8 +101,8 @@ def test_rank_records_are_parsed_into_the_view_and_broken_ones_ignored():
     (NEW, OLD, "the unit holds configuration a1a1"),
     (NEW, "", "the unit holds configuration (none)"),
 ])
-def test_a_node_starts_its_rank_only_from_the_configuration_the_generation_was_launched_with(expected, installed,
-                                                                                               refused):
+def test_a_node_starts_its_rank_only_from_the_configuration_the_generation_was_launched_with(
+        expected, installed, refused):
     why = start_refusal(expected, installed)
     assert (why == "") == (refused == "") and refused in why
 

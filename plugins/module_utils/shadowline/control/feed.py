@@ -130,9 +130,8 @@ class EtcdFeed:
 
     def register(self) -> None:
         lease = self.lease_etcd.lease_grant(self.lease_ttl_s)
-        self.lease_etcd.put(self.keys.agent(self.host), json.dumps({"pid": os.getpid(), "since": time.time(),
-                                                                     "instance": self.instance}),
-                            lease=lease)
+        presence = {"pid": os.getpid(), "since": time.time(), "instance": self.instance}
+        self.lease_etcd.put(self.keys.agent(self.host), json.dumps(presence), lease=lease)
         if self.lease:
             self.notice("agent-registered-again", lease=f"{lease:x}")
         self.lease = lease
