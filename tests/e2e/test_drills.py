@@ -303,6 +303,36 @@ def test_failover_playbook(deployment: dict[str, Any]) -> None:
     assert_whole()
 
 
+def test_paused_failover_holds_a_dead_shadow_until_resumed(deployment: dict[str, Any]) -> None:
+    """playbooks/pause.yml (issue #42, as patronictl's pause): with failover paused a dead rank is seen and held
+    (a failover-held event, its slot still running, nothing relaunched); on resume every agent restarts, finds
+    the rank missing and the cohort is relaunched whole."""
+    slots_running()
+    parked = 1 - int(lock_holder().rsplit("-", 1)[1])
+    proc = playbook("pause.yml", "-e", json.dumps({"reason": "test maintenance"}))
+    assert proc.returncode == 0, tail(proc)
+    assert "automatic failover PAUSED since" in proc.stdout and "test maintenance" in proc.stdout
+    started = time.time()
+    try:
+        wait_for("every agent saw the pause", lambda: {e["node"] for e in d.all_events(started - 60, "failover-paused")}
+                 >= set(NODES), 30)
+        on(LEADER, "kill", "-9", str(main_pid(LEADER, f"{UNIT}-engine@{parked}.service")))
+        held = wait_for("the death held", lambda: [e for e in d.all_events(started, "failover-held")
+                                                    if e["cohort"] == parked], 30)
+        assert held[0]["detail"]["paused"]["reason"] == "test maintenance", held
+        time.sleep(3)  # a declaration would have come within a second
+        declared = [e for e in d.all_events(started, "failure-declared") if e["cohort"] == parked]
+        assert declared == [], f"declared while paused:\n{d.story(started)}"
+    finally:
+        proc = playbook("pause.yml", "-e", json.dumps({"paused": False}))
+    assert proc.returncode == 0 and "automatic failover runs" in proc.stdout, tail(proc)
+    wait_for("every agent resumed", lambda: {e["node"] for e in d.all_events(started, "failover-resumed")}
+             >= set(NODES), 30)
+    wait_for(f"cohort {parked} declared and relaunched", lambda: any(
+        e["cohort"] == parked for e in d.all_events(started, "relaunch-complete")), 120)
+    assert_whole()
+
+
 # -- playbooks/upgrade.yml (issue #15) -------------------------------------------------------------------------- #
 def engine_vars(extra_args: list[str]) -> str:
     """The testbed's gms_engine with other extra_args (the inventory's dict, templated value kept)."""

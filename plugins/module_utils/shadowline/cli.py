@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -170,6 +171,25 @@ def cmd_status(args: argparse.Namespace) -> int:
         for line in lines:
             console.out(line)
     return run.returncode or (0 if whole(table_states(lines)) else 1)
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    """pause / resume: playbooks/pause.yml, its last message printed (what failover is now)."""
+    paused = args.command == "pause"
+    playbook = str(CHECKOUT / "playbooks" / "pause.yml") if in_checkout() else "shadowline.gms.pause"
+    extra = {"paused": paused, "reason": getattr(args, "reason", "") or ""}
+    argv = [ansible_tool("ansible-playbook"), "-i", args.inventory, playbook, "-e", json.dumps(extra)]
+    if args.check:
+        argv += ["--check", "--diff"]
+    env = {**ansible_env(), "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
+    run = subprocess.run(argv, cwd=CHECKOUT if in_checkout() else None, env=env, capture_output=True, text=True,
+                         check=False)
+    said = [json.loads(f'"{m}"') for m in re.findall(r'"msg": "(deployment (?:[^"\\]|\\.)*)"', run.stdout)]
+    if run.returncode != 0 or not said:
+        console.err(run.stdout + run.stderr)
+        return run.returncode or 1
+    console.out(said[-1])
+    return 0
 
 
 def status_dumper(output: str) -> Callable[[dict], str] | None:
@@ -394,6 +414,18 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--host", help="with --plan: the node's inventory name (default: this host's name)")
     status.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table",
                         help="table (default), or the same rows and lock holder as JSON or YAML (YAML needs PyYAML)")
+
+    for name, summary in (("pause", "pause automatic failover for maintenance"),
+                          ("resume", "resume automatic failover")):
+        sub = add(name, cmd_pause, summary,
+                  f"{summary[0].upper() + summary[1:]} (playbooks/pause.yml on the leader node), as patronictl's "
+                  "pause and resume.\nWhile paused the agents watch and report but declare no cohort failed and "
+                  "relaunch nothing (each held decision is a failover-held event); a failover.yml run still fails "
+                  "a cohort over. On resume every agent restarts and reconciles what it finds.")
+        sub.add_argument("-i", "--inventory", required=True, help="inventory (as for ansible-playbook -i)")
+        if name == "pause":
+            sub.add_argument("--reason", default="", help="why (kept in the pause record and the agents' events)")
+        sub.add_argument("--check", action="store_true", help="say what would change, change nothing")
 
     completion = add("completion", cmd_completion, "print a shell completion script",
                      'Print a completion script for the shell.\nbash: eval "$(shadowline completion bash)" in ~/.bashrc, '

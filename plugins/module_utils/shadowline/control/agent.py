@@ -168,8 +168,21 @@ class Agent:
             self.driver.etcd_back(time.monotonic() - lost)  # a shadow cannot register while etcd is away
         self.memory.etcd_lost_since = news.lost_since
         if news.view is not None:
+            was_paused = self.view.paused if self.view is not None else None
             self.view = self.execute.view = news.view
+            self.pause_changed(was_paused, news.view.paused)
         return news
+
+    def pause_changed(self, was: dict | None, now: dict | None) -> None:
+        """An operator paused failover (said once), or resumed it: then this agent restarts (systemd starts it
+        again at once) and reconciles what it finds, so that nothing decided while paused is half remembered
+        (control/pause.py)."""
+        if now is not None and was is None:
+            self.events.write("failover-paused", **{k: now.get(k) for k in ("by", "since", "reason")})
+        elif now is None and was is not None:
+            self.events.write("failover-resumed", paused_since=was.get("since"))
+            self.stopping = True
+            os.write(self.wake_w, b"r")
 
     def take_failure_notices(self) -> None:
         """Other agents' failure notices since the last tick (torn down at once), and what was refused or unsent."""

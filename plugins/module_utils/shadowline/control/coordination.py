@@ -9,6 +9,8 @@ Keys, under ``/shadowline/<deployment>/``:
   both relaunch it.
 - ``gone/<cohort>/<generation>/<host>``: an agent's confirmation that its ranks of that generation are gone.
 - ``active``: the serving cohort and generation, recorded when a promotion is verified.
+- ``paused``: automatic failover paused by an operator (``{by, since, reason}``; control/pause.py): the agents
+  declare nothing and the driver changes no slot until it is removed.
 - ``gms_lost/<host>``: a node whose GMS server died (its weights are no longer resident for new imports).
 - ``ranks/<cohort>/<host>``: the generation of the cohort's rank on that node and the configuration digest it
   runs (``RankRecord``), written by the node's agent when it starts or adopts the rank: the driver finds a
@@ -141,6 +143,10 @@ class Keys:
     def rank(self, cohort: int, host: str) -> str:
         """The cohort's rank on ``host``: its generation and the configuration it runs (RankRecord)."""
         return f"{self.root}ranks/{cohort}/{host}"
+
+    def paused(self) -> str:
+        """Automatic failover paused for maintenance (an operator writes and removes it: playbooks/pause.yml)."""
+        return f"{self.root}paused"
 
     def fenced(self, host: str | None = None) -> str:
         """A node whose GPU needs a reset or service (its agent writes it; an operator removes it: unfence)."""

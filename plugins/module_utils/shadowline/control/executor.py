@@ -85,6 +85,7 @@ from .lock import try_acquire
 from .memory import Canary, DriverMemory, KnownFailure, LocalRank, NodeMemory, PromotionSeen, Start, Teardown
 from .node_duties import start_refusal
 from .observe import LeaderProbe, StartCheck, rank_alive
+from .pause import held_record, held_while_paused
 from .proc import alive, kill_cgroup, systemctl
 from .view import DeploymentView, Now
 from .wakeup import drain, wake
@@ -152,11 +153,27 @@ class Executor:
         self.faults_reported: dict[tuple[str, int | None, str], float] = {}  # ReportFault's last line, by look and error
         self.notifier = notifier  # tells the other nodes' agents of a declaration directly (failure_notices.py)
         self.noticed: set[tuple[int, int]] = set()  # the (cohort, generation)s told already
+        self.held: set[tuple] = set()  # decisions held while failover is paused, reported once each (pause.py)
 
     def __call__(self, actions: list[Action]) -> None:
+        actions = self.hold_while_paused(actions)  # before anything of them is told or written
         self.tell([a for a in actions if isinstance(a, Declare)])  # before any etcd write of these actions
         for action in actions:
             self.perform(action)
+
+    def hold_while_paused(self, actions: list[Action]) -> list[Action]:
+        """While an operator paused failover (pause.py), declarations and slot changes that fail over are held:
+        each reported once (failover-held), none performed."""
+        paused = self.view.paused if self.view is not None else None
+        actions, held = held_while_paused(actions, paused)
+        for decision in held:
+            if paused is None:
+                raise AssertionError("unreachable: only a pause holds anything")
+            key, record = held_record(decision, paused)
+            if key not in self.held:
+                self.held.add(key)
+                self.events.write(record.event, record.cohort, record.generation, **record.fields)
+        return actions
 
     def tell(self, declarations: list[Declare]) -> None:
         """Tell the other nodes' agents of every generation these actions declare failed, all before the first

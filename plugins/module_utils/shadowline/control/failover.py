@@ -37,6 +37,7 @@ from .lock import parse_holder
 from .observe import installed_configs, leader_progress
 from .proc import cgroup_pids, listening_ports, unit_cgroup
 from .progress import ProgressSample
+from .view import pause_record
 
 # planned: SIGTERM and planned_grace_s (the engines drain); handover: the same refusal, the drain above (at most
 # planned_grace_s), then term_grace_s (at once); forced: no refusal, term_grace_s. A draining Dynamo 1.6.1 engine
@@ -260,3 +261,26 @@ def unfence(plan: Plan, node: str, check: bool = False) -> dict[str, Any]:
     except ValueError:
         record = {"detail": kv.value.decode(errors="replace")}
     return {"changed": True, "fence": record}
+
+
+def set_paused(plan: Plan, paused: bool, reason: str = "", by: str = "", check: bool = False) -> dict[str, Any]:
+    """Pause automatic failover (the ``paused`` key: control/pause.py) or resume it. Returns {changed, before
+    (the pause record that was there, or None), after}; ``check``: change nothing. Pausing again keeps the first
+    record (its time and reason): a pause is one maintenance window until it is resumed."""
+    try:
+        coord = Coordination(etcd_for(plan), plan.deployment)
+        kv = coord.etcd.get(coord.keys.paused())
+        before = pause_record(kv.value) if kv is not None else None
+        if paused and before is None:
+            after: dict[str, Any] | None = {"by": by, "since": time.time(), "reason": reason}
+            if not check:
+                coord.etcd.put(coord.keys.paused(), json.dumps(after))
+        elif not paused and before is not None:
+            after = None
+            if not check:
+                coord.etcd.delete(coord.keys.paused())
+        else:
+            return {"changed": False, "before": before, "after": before}
+    except EtcdError as err:
+        raise FailoverError(f"etcd does not answer: {err}") from None
+    return {"changed": True, "before": before, "after": after}

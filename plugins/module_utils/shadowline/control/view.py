@@ -57,6 +57,7 @@ class DeploymentView:
     invalid: dict[str, Invalid] = field(default_factory=dict)  # key -> why it was ignored
     fenced: dict[str, dict] = field(default_factory=dict)  # node -> its fence record (a GPU out of service)
     ranks: dict[int, dict[str, RankRecord]] = field(default_factory=dict)  # cohort -> node -> its rank's record
+    paused: dict | None = None  # automatic failover paused: {by, since, reason} (control/pause.py); None: it runs
 
     def slot(self, cohort: int) -> Slot | None:
         entry = self.slots.get(cohort)
@@ -79,6 +80,7 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
     invalid: dict[str, Invalid] = {}
     fenced: dict[str, dict] = {}
     ranks: dict[int, dict[str, RankRecord]] = {}
+    paused = next((pause_record(kv.value) for kv in kvs if kv.key == keys.paused()), None)
     for kv in kvs:
         if not kv.key.startswith(keys.root):
             continue
@@ -114,7 +116,16 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
             continue
     return DeploymentView(revision=revision, slots=slots, active=active, agents=frozenset(agents),
                           agent_instances=agent_instances,
-                          gms_lost=gms_lost, gone=gone, invalid=invalid, fenced=fenced, ranks=ranks)
+                          gms_lost=gms_lost, gone=gone, invalid=invalid, fenced=fenced, ranks=ranks, paused=paused)
+
+
+def pause_record(value: bytes) -> dict:
+    """The pause record; any value at all pauses (an operator's intent is never ignored for its spelling)."""
+    try:
+        record = json.loads(value)
+    except (ValueError, UnicodeDecodeError):
+        return {"reason": value.decode(errors="replace")[:200]}
+    return record if isinstance(record, dict) else {"reason": str(record)[:200]}
 
 
 def presence_instance(value: bytes) -> str:
