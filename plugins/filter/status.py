@@ -14,7 +14,8 @@ def status_table(results: list[dict[str, Any]], model: str = "") -> str:
     """results: the registered cohort_info result of every node."""
     ranks = [rank for result in results for rank in result.get("ranks", [])]
     holders = [result["lock_holder"] for result in results if result.get("lock_holder")]
-    return render_status_table(ranks, holders[0] if holders else None, model)
+    failover = next((result["failover"] for result in results if result.get("failover")), None)
+    return render_status_table(ranks, holders[0] if holders else None, model, failover)
 
 
 class FilterModule:

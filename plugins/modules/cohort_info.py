@@ -23,6 +23,12 @@ options:
     description: How long a leader's C(/health) may take before the rank counts as wedged.
     type: float
     default: 1.0
+  failover_state:
+    description:
+      - Also read from the deployment's etcd whether automatic failover runs or an operator paused it
+        (C(playbooks/pause.yml)); on a node of the deployment (it reads that node's etcd credentials).
+    type: bool
+    default: false
 attributes:
   platform:
     platforms: posix
@@ -58,6 +64,12 @@ lock_holder:
   description: C(engine-<id>) of the cohort holding the failover lock on this node, or null.
   returned: always
   type: str
+failover:
+  description: With O(failover_state), C(automatic) or since when, by whom and why automatic failover is paused;
+    null without it.
+  returned: always
+  type: str
+  sample: "PAUSED since 2026-11-29 00:20:05 UTC by alice: switch firmware"
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -65,6 +77,11 @@ from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.
     lock_holder,
     rank_states,
 )
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.failover import (
+    FailoverError,
+    paused_record,
+)
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.pause import describe_pause
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
 
 
@@ -74,6 +91,7 @@ def main() -> None:
             "plan": {"type": "dict", "required": True},
             "host": {"type": "str", "required": True},
             "health_timeout_s": {"type": "float", "default": 1.0},
+            "failover_state": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -84,7 +102,14 @@ def main() -> None:
                              "Fix: pass the node's inventory name (inventory_hostname).")
     ranks = rank_states(plan, host, module.params["health_timeout_s"])
     leader = any(r["leader"] for r in ranks)
-    module.exit_json(changed=False, ranks=ranks, lock_holder=lock_holder(plan.lock_path) if leader else None)
+    failover = None
+    if module.params["failover_state"]:
+        try:
+            failover = describe_pause(paused_record(plan))
+        except FailoverError as err:
+            failover = f"unknown ({str(err)[:100]})"
+    module.exit_json(changed=False, ranks=ranks, lock_holder=lock_holder(plan.lock_path) if leader else None,
+                     failover=failover)
 
 
 if __name__ == "__main__":

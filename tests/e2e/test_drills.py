@@ -323,6 +323,8 @@ def test_paused_failover_holds_a_dead_shadow_until_resumed(deployment: dict[str,
         time.sleep(3)  # a declaration would have come within a second
         declared = [e for e in d.all_events(started, "failure-declared") if e["cohort"] == parked]
         assert declared == [], f"declared while paused:\n{d.story(started)}"
+        status = playbook("status.yml")
+        assert "failover: PAUSED since" in status.stdout and "test maintenance" in status.stdout, tail(status)
     finally:
         proc = playbook("pause.yml", "-e", json.dumps({"paused": False}))
     assert proc.returncode == 0 and "automatic failover runs" in proc.stdout, tail(proc)

@@ -122,3 +122,25 @@ def test_the_command_has_pause_and_resume_and_completes_them():
     with pytest.raises(SystemExit):
         parser.parse_args(["resume"])  # -i is required: no default deployment is paused by accident
     assert "pause" in cli.bash_completion(parser) and "resume" in cli.zsh_completion(parser)
+
+
+def test_the_status_table_says_whether_failover_is_paused_and_reads_it_back():
+    from shadowline.control.pause import describe_pause
+    from shadowline.control.status_table import (
+        render_status_table,
+        status_document,
+        table_failover,
+        table_rows,
+        table_states,
+    )
+
+    ranks = [{"cohort": 0, "role": "primary", "host": "node0", "rank": 0, "leader": True, "pid": 7, "state": "active",
+              "ports": {"master": 29500, "system": 8080, "nixl": 5600}}]
+    said = describe_pause(PAUSED)
+    assert said == "PAUSED since 2026-11-25 20:56:28 UTC by alice: switch firmware"
+    assert describe_pause(None) == "automatic" and "(no reason given)" in describe_pause({"since": "x"})
+    lines = render_status_table(ranks, "engine-0", "m@0123456789ab", said).splitlines()
+    assert lines[-1] == f"failover: {said}" and table_states(lines) == ["active"]
+    assert table_failover(lines) == said
+    document = status_document(*table_rows(lines), table_failover(lines))
+    assert document["failover"] == said and len(document["ranks"]) == 1 and document["whole"]

@@ -164,9 +164,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     lines = status_lines(run.stdout)
     if run.returncode != 0 or not lines:
         console.err(run.stdout + run.stderr)
-    from .control.status_table import status_document, table_rows, table_states, whole
+    from .control.status_table import status_document, table_failover, table_rows, table_states, whole
     if dump is not None:
-        console.out(dump(status_document(*table_rows(lines))))
+        console.out(dump(status_document(*table_rows(lines), table_failover(lines))))
     else:
         for line in lines:
             console.out(line)

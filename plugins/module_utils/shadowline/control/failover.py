@@ -29,7 +29,7 @@ from typing import Any
 from ..deployment.plan import Plan
 from .access import etcd_for
 from .cohort_state import lock_holder
-from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Slot
+from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Keys, Slot
 from .discovery import cohort_registrations, deroute, reroute, revoke_leases
 from .etcd_client import KV, Etcd, EtcdError
 from .events import read_events
@@ -284,3 +284,12 @@ def set_paused(plan: Plan, paused: bool, reason: str = "", by: str = "", check: 
     except EtcdError as err:
         raise FailoverError(f"etcd does not answer: {err}") from None
     return {"changed": True, "before": before, "after": after}
+
+
+def paused_record(plan: Plan) -> dict[str, Any] | None:
+    """The deployment's pause record (control/pause.py), None while automatic failover runs."""
+    try:
+        kv = etcd_for(plan).get(Keys(plan.deployment).paused())
+    except EtcdError as err:
+        raise FailoverError(f"etcd does not answer: {err}") from None
+    return pause_record(kv.value) if kv is not None else None

@@ -14,6 +14,8 @@ a decision held while paused is never half remembered.
 
 from __future__ import annotations
 
+import time
+
 from .actions import Action, Declare, Record, SwapSlot
 
 HELD = "failover-held"
@@ -47,3 +49,12 @@ def held_record(action: Declare | SwapSlot, paused: dict) -> tuple[tuple, Record
         cohort, generation = slot.cohort, slot.generation
     fields["paused"] = {k: paused.get(k) for k in ("by", "since", "reason")}
     return key, Record(HELD, cohort, generation, fields)
+
+
+def describe_pause(record: dict | None) -> str:
+    """What automatic failover is, for the status table: ``automatic``, or since when, by whom and why it is paused."""
+    if record is None:
+        return "automatic"
+    since = record.get("since")
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since)) if isinstance(since, (int, float)) else "?"
+    return f"PAUSED since {when} by {record.get('by') or '?'}: {record.get('reason') or '(no reason given)'}"

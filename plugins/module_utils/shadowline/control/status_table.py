@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 COLUMNS = ("cohort", "role", "node", "rank", "pid", "state", "lock", "ports (master/system/nixl)", "model")
+FAILOVER = "failover:"  # the line after the lock holder: automatic, or paused (control/pause.py)
 HEALTHY = frozenset({"active", "parked", "running"})  # a rank's states of a whole deployment (headless: running)
 
 
@@ -20,7 +21,7 @@ def table_states(lines: list[str]) -> list[str]:
         return []
     column = lines[0].split().index("state")
     return [line.split()[column] for line in lines[2:] if len(line.split()) > column
-            and not line.startswith("lock holder:")]
+            and not line.startswith(("lock holder:", FAILOVER))]
 
 
 def status_rows(ranks: list[dict[str, Any]], holder: str | None, model: str) -> list[tuple[str, ...]]:
@@ -33,13 +34,22 @@ def status_rows(ranks: list[dict[str, Any]], holder: str | None, model: str) -> 
     return rows
 
 
-def render_status_table(ranks: list[dict[str, Any]], holder: str | None, model: str) -> str:
+def render_status_table(ranks: list[dict[str, Any]], holder: str | None, model: str, failover: str | None = None
+                        ) -> str:
+    """The table; ``failover``: what automatic failover is (pause.describe_pause), a line of its own when known."""
     rows = [COLUMNS] + status_rows(ranks, holder, model)
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append(f"lock holder: {holder or 'none (no cohort is serving)'}")
+    if failover:
+        lines.append(f"{FAILOVER} {failover}")
     return "\n".join(lines)
+
+
+def table_failover(lines: list[str]) -> str | None:
+    """What a printed table says of automatic failover (None: it says nothing)."""
+    return next((line[len(FAILOVER):].strip() for line in lines if line.startswith(FAILOVER)), None)
 
 
 # -- the same table as data (shadowline status -o json|yaml) ---------------------------------------------------- #
@@ -47,7 +57,7 @@ def render_status_table(ranks: list[dict[str, Any]], holder: str | None, model: 
 NO_HOLDER = "none (no cohort is serving)"
 
 
-def status_document(rows: list[tuple[str, ...]], holder: str | None) -> dict[str, Any]:
+def status_document(rows: list[tuple[str, ...]], holder: str | None, failover: str | None = None) -> dict[str, Any]:
     """The table's rows and lock holder as data: one record per row, with the table's columns as keys (ports split
     into master/system/nixl, numbers as numbers, the lock column as ``holder``), and ``whole`` as the exit status
     judges it."""
@@ -60,8 +70,11 @@ def status_document(rows: list[tuple[str, ...]], holder: str | None) -> dict[str
                       "state": cell["state"], "holder": cell["lock"] == "holder",
                       "ports": {"master": _number(master), "system": _number(system), "nixl": _number(nixl)},
                       "model": cell["model"]})
-    return {"ranks": ranks, "lock_holder": holder if holder and holder != NO_HOLDER else None,
-            "whole": whole([r["state"] for r in ranks])}
+    document = {"ranks": ranks, "lock_holder": holder if holder and holder != NO_HOLDER else None,
+                "whole": whole([r["state"] for r in ranks])}
+    if failover is not None:
+        document["failover"] = failover
+    return document
 
 
 def table_rows(lines: list[str]) -> tuple[list[tuple[str, ...]], str | None]:
@@ -79,6 +92,8 @@ def table_rows(lines: list[str]) -> tuple[list[tuple[str, ...]], str | None]:
     for line in lines[2:]:
         if line.startswith("lock holder:"):
             holder = line.split(":", 1)[1].strip()
+            continue
+        if line.startswith(FAILOVER):
             continue
         if line.strip():
             rows.append(tuple(line[a:b].strip() if i < len(spans) - 1 else line[a:].strip()
