@@ -54,6 +54,11 @@ options:
         when none is named) and, without an archive to load, whether its registry serves it (C(podman manifest
         inspect), read-only); nothing is asked before podman is installed.
     type: raw
+  hf_token_file:
+    description:
+      - Value of C(gms_model_hf_token_file). Whether the model module could read it on this node (there, a regular
+        file, 0600, owned by root, one token), by the module's own check; the token is never returned.
+    type: raw
 attributes:
   platform:
     platforms: posix
@@ -132,6 +137,7 @@ def main() -> None:
             "runtime_mode": {"type": "raw"},
             "wheelhouse": {"type": "raw"},
             "container": {"type": "raw"},
+            "hf_token_file": {"type": "raw"},
         },
         supports_check_mode=True,
     )
@@ -142,7 +148,8 @@ def main() -> None:
                    python=effective_python(p["deployment"], p["python"]), backend=text["backend"],
                    model_dir=effective_local_dir(p["model"]), service_user=text["service_user"],
                    runtime_mode=text["runtime_mode"], wheelhouse=text["wheelhouse"],
-                   container=p["container"] if isinstance(p["container"], dict) else None)
+                   container=p["container"] if isinstance(p["container"], dict) else None,
+                   hf_token_file=text["hf_token_file"])
     module.exit_json(changed=False, ansible_facts={"shadowline_node": facts})
 
 

@@ -16,6 +16,9 @@ from typing import Any
 from ..backends import BACKENDS
 from ..backends import backend as backend_strategy
 from ..control.proc import mounts, pids, process_cgroup, process_environ, process_name, socket_inodes, tcp_listeners
+from ..model.errors import SpecError
+from ..model.hf_token import FIELD as TOKEN_FIELD
+from ..model.hf_token import read_token_file
 from ..model.policy import MANIFEST_NAME
 from .container import BACKEND_IMAGES, RUNTIME_MODE
 from .contract import CONFIG_DIR
@@ -30,7 +33,8 @@ NETWORK_FILESYSTEMS = {
 
 def gather(deployment: str | None, lock_path: str | None, python: str | None, backend: str | None,  # noqa: PLR0913 (one per fact)
            model_dir: str | None, service_user: str | None, runtime_mode: str | None = None,
-           wheelhouse: str | None = None, container: dict[str, Any] | None = None) -> dict[str, Any]:
+           wheelhouse: str | None = None, container: dict[str, Any] | None = None,
+           hf_token_file: str | None = None) -> dict[str, Any]:
     running = running_plan(CONFIG_DIR.format(deployment=deployment)) if deployment else None
     return {
         "runtime_mode": runtime_mode,
@@ -48,7 +52,19 @@ def gather(deployment: str | None, lock_path: str | None, python: str | None, ba
         "installed_secrets": installed_digests(running.security.dir) if running and running.secure
         and running.security is not None else None,
         "platform": platform_facts(),
+        "hf_token_file": token_file_facts(hf_token_file) if hf_token_file else None,
     }
+
+
+def token_file_facts(path: str) -> dict[str, Any]:
+    """Whether the model module could read its Hugging Face token on this node, by the module's own check
+    (model/hf_token.py: there, a regular file, 0600, root's, one token); the token itself is dropped at once."""
+    try:
+        read_token_file(os.path.expanduser(path))
+    except SpecError as err:
+        message = err.message[len(TOKEN_FIELD) + 1:] if err.message.startswith(TOKEN_FIELD + " ") else err.message
+        return {"ok": False, "message": message, "fix": err.fix or ""}
+    return {"ok": True}
 
 
 def running_plan(config_dir: str) -> Plan | None:

@@ -52,6 +52,7 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
         problems += _lock_problems(contract, node, host_facts)
         problems += _gpu_problems(contract, node, host_facts)
         problems += _python_problems(contract, node, host_facts)
+        problems += _token_file_problems(contract, node, host_facts)
         problems += platform_problems(node, host_facts.get("platform"),
                                       infra=node in {n.host for n in contract.infra_hosts})
     checks += ["distribution and Python of every host", "ports already listening on each node",
@@ -288,6 +289,19 @@ def _security_switch_problems(contract: Contract, facts: dict[str, dict[str, Any
                     "refused.",
                     f"keep gms_insecure as it is ({'unset' if secured else 'true'}), or run "
                     "playbooks/teardown.yml first and then site.yml with the new setting.")]
+
+
+def _token_file_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list[Problem]:
+    """gms_model_hf_token_file is read on each node by the model module (for hf:// sources): checked there, where
+    it is read, by the module's own rules (node_facts.token_file_facts); the docs' examples once put it on the
+    controller, where nothing reads it."""
+    token = facts.get("hf_token_file")
+    if not token or token.get("ok") or not (contract.model.source or "").startswith("hf://"):
+        return []
+    if host not in {n.host for n in contract.nodes}:
+        return []
+    return [Problem("gms_model_hf_token_file", str(token.get("message", "cannot be read")),
+                    str(token.get("fix") or "install it on every node, 0600, owned by root."), host=host)]
 
 
 def _secrets_problems(contract: Contract, facts: dict[str, dict[str, Any] | None]) -> list[Problem]:
