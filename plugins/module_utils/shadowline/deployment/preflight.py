@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends import backend
-from .contract import Contract, parse_contract
+from .contract import PATH_EXAMPLES, Contract, parse_contract
 from .node_facts import NETWORK_FILESYSTEMS
 from .plan import Plan, checked_plan, insecure_warning, residency_of
 from .platforms import platform_problems
@@ -40,6 +40,7 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
         return PreflightResult(None, None, problems, checks)
     plan, refused = checked_plan(contract)  # the plan's own refusals (its ports), as every path gets them
     problems += refused
+    problems += private_tmp_problems(contract)
     checks.append(f"{sum(len(uses) for uses in host_port_uses(contract).values())} ports of "
                   f"{len(host_port_uses(contract))} host(s): range and collisions on each host")
     for node in _all_hosts(contract):
@@ -69,6 +70,22 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
     if problems:
         return PreflightResult(contract, None, problems, checks)
     return PreflightResult(contract, plan, problems, checks, plan_warnings(contract))
+
+
+PRIVATE_TMP = ("/tmp/", "/var/tmp/")  # every unit runs with PrivateTmp=yes (deployment/units.py HARDENING)
+
+
+def private_tmp_problems(contract: Contract) -> list[Problem]:
+    """Paths the units share, under /tmp or /var/tmp: each unit has its own there (PrivateTmp), so the GMS server's
+    socket would be invisible to the engines, and each engine would lock its own failover lock (two cohorts
+    serving at once). A Slurm job's steps have no such sandbox (slurm/job.py puts them under node_dir)."""
+    shared = {"gms_socket_dir": contract.socket_dir, "gms_lock_path": contract.lock_path,
+              "gms_model.local_dir": contract.model.local_dir, "gms_python": contract.python}
+    return [Problem(field, f"is {path}, under {'/tmp' if path.startswith('/tmp/') else '/var/tmp'}: every unit of "
+                    "the deployment has a /tmp and /var/tmp of its own (systemd's PrivateTmp), so the units would "
+                    "not share it (the GMS socket, the failover lock, the model, the runtime).",
+                    f"set {field} to a path outside /tmp and /var/tmp, such as {PATH_EXAMPLES[field]}.")
+            for field, path in shared.items() if path and path.startswith(PRIVATE_TMP)]
 
 
 def plan_warnings(contract: Contract) -> list[str]:
