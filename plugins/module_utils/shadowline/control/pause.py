@@ -3,9 +3,10 @@
 An operator pauses a deployment (``playbooks/pause.yml``, ``shadowline pause``): the ``paused`` key in etcd. While
 it is there every agent still watches, probes and reports, but it declares no generation failed (so no node tears
 a cohort down and no failure notice is sent) and the driver makes no slot change that fails over (no relaunch, no
-repair of a broken record, no crash-loop verdict; a launch already under way is still recorded as running). Both are held here, at the executor's door, as events (``failover-held``), once each. What an operator
-does meanwhile still happens: a failover.yml they run declares the cohort, and every agent tears its rank down as
-always. What the kernel does still happens: a dead primary's lock passes to a parked shadow, which wakes.
+repair of a broken record, no crash-loop verdict; a launch already under way is still recorded as running). Both
+are held here, at the executor's door, as events (``failover-held``), once each. What an operator does meanwhile
+still happens: a failover.yml they run declares the cohort, and every agent tears its rank down as always. What
+the kernel does still happens: a dead primary's lock passes to a parked shadow, which wakes.
 
 On resume (the key removed) each agent restarts itself and reconciles what it finds, as after any restart of its
 own (docs/reliability.md: a rank that died meanwhile is found missing and declared; running ranks are adopted):
