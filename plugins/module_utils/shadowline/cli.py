@@ -255,8 +255,10 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return 0
 
 
-def _choices(parser: argparse.ArgumentParser) -> tuple[dict[str, list[str]], list[str]]:
-    """The options that take one of a few values (option -> values), and the values of a positional with choices."""
+def _words(parser: argparse.ArgumentParser) -> tuple[list[str], dict[str, list[str]], list[str]]:
+    """What a (sub)command completes: every option, the options that take one of a few values (option -> values),
+    and the values of a positional with choices. Both shells' scripts are written from it."""
+    every = sorted(o for action in parser._actions for o in action.option_strings)
     options: dict[str, list[str]] = {}
     positional: list[str] = []
     for action in parser._actions:
@@ -265,7 +267,7 @@ def _choices(parser: argparse.ArgumentParser) -> tuple[dict[str, list[str]], lis
                 options.update({o: [str(c) for c in action.choices] for o in action.option_strings})
             else:
                 positional += [str(c) for c in action.choices]
-    return options, positional
+    return every, options, positional
 
 
 def bash_completion(parser: argparse.ArgumentParser) -> str:
@@ -273,8 +275,7 @@ def bash_completion(parser: argparse.ArgumentParser) -> str:
     subcommands = _subparsers(parser)
     cases = []
     for name, sub in subcommands.items():
-        options = sorted(o for action in sub._actions for o in action.option_strings)
-        valued, positional = _choices(sub)
+        options, valued, positional = _words(sub)
         body = [f'opts="{" ".join(options)}"'] + ([f'words="{" ".join(positional)}"'] if positional else [])
         body += [f'[[ "$prev" == {o} ]] && {{ COMPREPLY=($(compgen -W "{" ".join(v)}" -- "$cur")); return; }}'
                  for o, v in sorted(valued.items())]
@@ -306,9 +307,8 @@ def zsh_completion(parser: argparse.ArgumentParser) -> str:
     described = " ".join(_zsh_word(f"{name}:{summaries.get(name) or name}") for name in subcommands)
     cases = []
     for name, sub in subcommands.items():
-        options = " ".join(sorted(o for action in sub._actions for o in action.option_strings))
-        valued, positional = _choices(sub)
-        body = [f"opts=({options})"] + ([f"words_of=({' '.join(positional)})"] if positional else [])  # not words:
+        options, valued, positional = _words(sub)
+        body = [f"opts=({' '.join(options)})"] + ([f"words_of=({' '.join(positional)})"] if positional else [])  # not words:
         body += [f"[[ $prev == {o} ]] && {{ compadd -- {' '.join(v)}; return; }}"  # zsh's own array
                  for o, v in sorted(valued.items())]
         cases.append(f"    ({name}) {'; '.join(body)} ;;")

@@ -165,10 +165,10 @@ class Executor:
         """While an operator paused failover (pause.py), declarations and slot changes that fail over are held:
         each reported once (failover-held), none performed."""
         paused = self.view.paused if self.view is not None else None
+        if paused is None:
+            return actions
         actions, held = held_while_paused(actions, paused)
         for decision in held:
-            if paused is None:
-                raise AssertionError("unreachable: only a pause holds anything")
             key, record = held_record(decision, paused)
             if key not in self.held:
                 self.held.add(key)

@@ -268,17 +268,16 @@ def set_paused(plan: Plan, paused: bool, reason: str = "", by: str = "", check: 
     (the pause record that was there, or None), after}; ``check``: change nothing. Pausing again keeps the first
     record (its time and reason): a pause is one maintenance window until it is resumed."""
     try:
-        coord = Coordination(etcd_for(plan), plan.deployment)
-        kv = coord.etcd.get(coord.keys.paused())
-        before = pause_record(kv.value) if kv is not None else None
+        etcd, key = etcd_for(plan), Keys(plan.deployment).paused()
+        before = _pause_in(etcd, key)
         if paused and before is None:
             after: dict[str, Any] | None = {"by": by, "since": time.time(), "reason": reason}
             if not check:
-                coord.etcd.put(coord.keys.paused(), json.dumps(after))
+                etcd.put(key, json.dumps(after))
         elif not paused and before is not None:
             after = None
             if not check:
-                coord.etcd.delete(coord.keys.paused())
+                etcd.delete(key)
         else:
             return {"changed": False, "before": before, "after": before}
     except EtcdError as err:
@@ -289,7 +288,11 @@ def set_paused(plan: Plan, paused: bool, reason: str = "", by: str = "", check: 
 def paused_record(plan: Plan) -> dict[str, Any] | None:
     """The deployment's pause record (control/pause.py), None while automatic failover runs."""
     try:
-        kv = etcd_for(plan).get(Keys(plan.deployment).paused())
+        return _pause_in(etcd_for(plan), Keys(plan.deployment).paused())
     except EtcdError as err:
         raise FailoverError(f"etcd does not answer: {err}") from None
+
+
+def _pause_in(etcd: Etcd, key: str) -> dict[str, Any] | None:
+    kv = etcd.get(key)
     return pause_record(kv.value) if kv is not None else None

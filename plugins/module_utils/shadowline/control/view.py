@@ -73,8 +73,7 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
     other unknown or broken keys are skipped."""
     slots: dict[int, SlotEntry] = {}
     active: Active | None = None
-    agents: set[str] = set()
-    agent_instances: dict[str, str] = {}
+    agent_instances: dict[str, str] = {}  # its keys: the nodes whose agent holds its lease
     gms_lost: dict[str, str] = {}
     gone: dict[tuple[int, int], dict[str, float]] = {}
     invalid: dict[str, Invalid] = {}
@@ -94,7 +93,6 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
                     raise RecordInvalid(f"cohort {slot.cohort} is not in the plan (cohorts {sorted(cohorts)})")
                 slots[slot.cohort] = SlotEntry(slot, kv.mod_revision)
             elif parts[0] == "agents" and len(parts) == 2:
-                agents.add(parts[1])
                 agent_instances[parts[1]] = presence_instance(kv.value)
             elif parts[0] == "gms_lost" and len(parts) == 2:
                 gms_lost[parts[1]] = kv.key
@@ -114,7 +112,7 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
             invalid[kv.key] = Invalid(kv.mod_revision, str(err), err.newer)
         except (ValueError, KeyError, TypeError):
             continue
-    return DeploymentView(revision=revision, slots=slots, active=active, agents=frozenset(agents),
+    return DeploymentView(revision=revision, slots=slots, active=active, agents=frozenset(agent_instances),
                           agent_instances=agent_instances,
                           gms_lost=gms_lost, gone=gone, invalid=invalid, fenced=fenced, ranks=ranks, paused=paused)
 

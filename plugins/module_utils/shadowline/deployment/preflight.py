@@ -41,8 +41,9 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
     plan, refused = checked_plan(contract)  # the plan's own refusals (its ports), as every path gets them
     problems += refused
     problems += private_tmp_problems(contract)
-    checks.append(f"{sum(len(uses) for uses in host_port_uses(contract).values())} ports of "
-                  f"{len(host_port_uses(contract))} host(s): range and collisions on each host")
+    uses = host_port_uses(contract)
+    checks.append(f"{sum(len(of_host) for of_host in uses.values())} ports of {len(uses)} host(s): range and "
+                  "collisions on each host")
     for node in _all_hosts(contract):
         host_facts = facts.get(node)
         if host_facts is None:
