@@ -249,3 +249,76 @@ def test_containers_see_the_sockets_lock_and_model_outside_the_node_directory(tm
             "/run/gms-llama-lock:/run/gms-llama-lock,/scratch/models/llama-3.3-70b:/scratch/models/llama-3.3-70b:ro"
             ) in script
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in script and "CUDA_VISIBLE_DEVICES=" not in script  # Slurm sets it
+
+
+# -- the node directory: the job removes only what it made (issue #42) ------------------------------------------ #
+
+def run_step(script: Path, step: str, bin_dir: Path, job_id: str) -> subprocess.CompletedProcess[str]:
+    """``bash SCRIPT step <step>`` as the supervisor runs it, with an srun that runs the step's command here."""
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": job_id, "SLURM_NODEID": "0",
+           "SLURMD_NODENAME": "node0", "SLURM_SUBMIT_DIR": str(bin_dir), "HOME": str(bin_dir)}
+    return subprocess.run(["bash", str(script), "step", step], capture_output=True, text=True, env=env,
+                          timeout=30, check=False)
+
+
+def test_the_job_removes_only_a_node_directory_it_made(tmp_path):
+    """prepare and cleanup, executed: a directory without the job's marker (or with another deployment's, or a
+    link) at gms_slurm.node_dir stops prepare untouched, with the path and the fix, and cleanup leaves it; the
+    job's own (an earlier job's leftover at prepare, this job's at cleanup) is removed."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ "${1:-}" == -* ]]; do shift; done\nexec "$@"\n')
+    (bin_dir / "srun").chmod(0o755)
+    node_dir = tmp_path / "nodes" / "llama"
+    script = render(tmp_path, values(gms_slurm={"node_dir": str(node_dir)}))
+    marker = node_dir / ".shadowline-slurm-node-dir"
+
+    # nothing there: made, 0700, marked with the deployment and the job
+    proc = run_step(script, "prepare", bin_dir, "101")
+    assert proc.returncode == 0 and proc.stdout == "0 node0\n", proc.stderr
+    assert marker.read_text() == "deployment=llama job=101\n" and (node_dir.stat().st_mode & 0o777) == 0o700
+    # an earlier job's leftover of this deployment: removed and made afresh by the next job
+    (node_dir / "stale.sock").write_text("")
+    proc = run_step(script, "prepare", bin_dir, "102")
+    assert proc.returncode == 0, proc.stderr
+    assert marker.read_text() == "deployment=llama job=102\n" and not (node_dir / "stale.sock").exists()
+    # cleanup of another job (102 made it): left; of this job: removed
+    proc = run_step(script, "cleanup", bin_dir, "101")
+    assert proc.returncode == 0 and node_dir.is_dir() and "left " + str(node_dir) in proc.stderr
+    proc = run_step(script, "cleanup", bin_dir, "102")
+    assert proc.returncode == 0 and not node_dir.exists(), proc.stderr
+    assert run_step(script, "cleanup", bin_dir, "102").returncode == 0  # nothing there: nothing to do
+
+    others = {"unmarked": "", "another deployment's": "deployment=other job=7\n"}
+    for what, text in others.items():
+        node_dir.mkdir()
+        (node_dir / "sentinel").write_text("the user's")
+        if text:
+            marker.write_text(text)
+        proc = run_step(script, "prepare", bin_dir, "103")
+        assert proc.returncode != 0 and proc.stdout == "", what
+        assert str(node_dir) in proc.stderr and "gms_slurm.node_dir" in proc.stderr and "nothing removed" in proc.stderr
+        assert (node_dir / "sentinel").read_text() == "the user's", what
+        proc = run_step(script, "cleanup", bin_dir, "103")
+        assert proc.returncode == 0 and (node_dir / "sentinel").read_text() == "the user's", what
+        shutil.rmtree(node_dir)
+
+    # a link at the path, to a directory that carries the marker: neither followed nor removed
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "sentinel").write_text("kept")
+    (target / ".shadowline-slurm-node-dir").write_text("deployment=llama job=104\n")
+    node_dir.symlink_to(target)
+    assert run_step(script, "prepare", bin_dir, "104").returncode != 0
+    assert run_step(script, "cleanup", bin_dir, "104").returncode == 0
+    assert node_dir.is_symlink() and (target / "sentinel").read_text() == "kept"
+
+
+@pytest.mark.parametrize("node_dir, said", [
+    ("/", "the root directory"), ("relative/dir", "absolute path"), ("/var/lib", "a system directory"),
+    ("/scratch/a/../b", "it means /scratch/b"), ("/scratch", "two levels deep"),
+])
+def test_the_node_directory_is_never_the_root_a_system_directory_relative_or_dotted(node_dir, said):
+    context, problems = job_context(values(gms_slurm={"node_dir": node_dir}))
+    assert context is None and [p.field for p in problems] == ["gms_slurm.node_dir"], problems
+    assert said in problems[0].message + problems[0].fix, problems[0]

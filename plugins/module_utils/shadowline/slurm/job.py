@@ -161,6 +161,7 @@ def job_context(shared: dict[str, Any], inventory_hosts: int = 1,
         "settings": [("SL_PYTHON", sh(supervisor_python)), ("SL_NODE_DIR", sh(node_dir)),
                      ("SL_OUTPUT_DIR", sh(options.output_dir) if options.output_dir else '"$SLURM_SUBMIT_DIR"')],
         "modules": [sh(m) for m in options.modules],
+        "node_dir_function": node_dir_function(plan.deployment),
         "cohorts": [{"cohort": c.cohort, "engine_id": c.engine_id, "role": c.role, **asdict(c.ports)}
                     for c in plan.cohorts],
     }
@@ -387,9 +388,9 @@ def steps(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
         body = command or f"{run} {task or name.replace('-', '_')}"
         return {"name": name.replace("-", "_"), "comment": comment, "lines": _continued(_wrap(words) + ["    " + body])}
 
-    out = [srun("prepare", every, [], "every node: a fresh node directory (the task prints its node id)",
-                command='/bin/sh -c "rm -rf -- \\"\\$SL_NODE_DIR\\" && mkdir -p -m 0700 \\"\\$SL_NODE_DIR\\" '
-                        '&& echo \\"\\$SLURM_NODEID \\$SLURMD_NODENAME\\""', in_container=False)]
+    out = [srun("prepare", every, [], "every node: a fresh node directory, the job's own (the task prints its node "
+                "id); a directory there without the job's marker stops the job, untouched",
+                command=node_dir_command("prepare"), in_container=False)]
     if plan.secure:
         out.append(srun("secrets", every, [], "every node: its share of the job's credentials (the supervisor made "
                         "them for this job and copied them with sbcast)", in_container=False))
@@ -409,9 +410,60 @@ def steps(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
         out.append(srun(f"cohort-{cohort.cohort}", every, ["--kill-on-bad-exit=1"],
                         f"cohort {cohort.cohort}: one rank per node (rank = SLURM_NODEID); any rank that exits "
                         "non-zero (or hangs: the watchdog) ends the whole step"))
-    out.append(srun("cleanup", every, [], "every node: remove the node directory (at the end of the job)",
-                    command='rm -rf -- "$SL_NODE_DIR"', in_container=False))
+    out.append(srun("cleanup", every, [], "every node: remove the node directory (at the end of the job), if it "
+                    "still carries this job's marker", command=node_dir_command("cleanup"), in_container=False))
     return out
+
+
+NODE_DIR_MARKER = ".shadowline-slurm-node-dir"  # in the node directory: "deployment=<name> job=<Slurm job id>"
+
+
+def node_dir_function(deployment: str) -> list[str]:
+    """``sl_node_dir prepare|cleanup``, the one shell function that makes and removes the node directory (issue
+    #42: the job removed whatever was at gms_slurm.node_dir). The job makes the directory itself (mkdir fails if
+    anything is there) and writes NODE_DIR_MARKER into it; it removes a directory only when it is a real directory
+    (not a link) of the job's user that carries the marker: prepare, one of this deployment (an earlier job's
+    leftover); cleanup, this job's own. Anything else at that path stops prepare with the path and the fix, and
+    is left by cleanup with a message. Both steps run it on every node as ``bash -c "$(declare -f sl_node_dir);
+    sl_node_dir <what>"`` (the script itself is copied there only after prepare)."""
+    owner = sh(f"deployment={deployment}")
+    return [
+        "sl_node_dir() {  # prepare | cleanup (step_prepare and step_cleanup run it on every node)",
+        f'    local dir="$SL_NODE_DIR" owner={owner} found="" mine=""',
+        f'    local marker="$dir/{NODE_DIR_MARKER}" here="${{SLURMD_NODENAME:-$(hostname)}}"',
+        '    if [ -d "$dir" ] && [ ! -L "$dir" ] && [ -O "$dir" ] && [ -f "$marker" ] && [ ! -L "$marker" ]; then',
+        '        IFS= read -r found <"$marker" || true',
+        '    fi',
+        '    case "$found" in "$owner job="*) mine=deployment ;; esac',
+        '    [ "$found" = "$owner job=$SLURM_JOB_ID" ] && mine=job',
+        '    if [ "$1" = cleanup ]; then',
+        '        if [ "$mine" = job ]; then',
+        '            rm -rf -- "$dir"',
+        '        elif [ -e "$dir" ] || [ -L "$dir" ]; then',
+        '            echo "shadowline: left $dir on $here as it is: it does not carry the marker of this job'
+        f' ({NODE_DIR_MARKER}: $owner job=$SLURM_JOB_ID)" >&2',
+        '        fi',
+        '        return 0',
+        '    fi',
+        '    if [ -n "$mine" ]; then',
+        '        rm -rf -- "$dir" || return 1',
+        '    elif [ -e "$dir" ] || [ -L "$dir" ]; then',
+        '        echo "shadowline: $dir on $here is not a node directory of this deployment (no'
+        f' {NODE_DIR_MARKER} naming $owner): nothing removed, the job stops. Fix: set gms_slurm.node_dir to a path'
+        ' of its own, or remove $dir yourself if nothing in it is needed." >&2',
+        '        return 1',
+        '    fi',
+        '    mkdir -p -- "$(dirname -- "$dir")" || return 1',
+        '    mkdir -m 0700 -- "$dir" || return 1  # fails if anything came there meanwhile',
+        '    printf \'%s\\n\' "$owner job=$SLURM_JOB_ID" >"$marker" || return 1',
+        '    echo "$SLURM_NODEID $SLURMD_NODENAME"',
+        "}",
+    ]
+
+
+def node_dir_command(what: str) -> str:
+    """A step's command that runs ``sl_node_dir <what>`` on its node (bash; the function's text goes with it)."""
+    return f'bash -c "$(declare -f sl_node_dir); sl_node_dir {what}"'
 
 
 def _wrap(words: list[str], width: int = 100) -> list[str]:
