@@ -293,3 +293,22 @@ def test_more_bad_inputs_get_a_message_never_a_traceback(installed: Path, tmp_pa
     for argv, (code, said) in cases.items():
         proc = shadowline(installed, *argv, cwd=tmp_path)
         assert proc.returncode == code and said in proc.stderr and "Traceback" not in proc.stderr, (argv, proc.stderr)
+
+
+def test_plan_of_an_inventory_without_nodes_says_what_preflight_says(installed: Path, tmp_path: Path):
+    """`shadowline plan -i` of an inventory whose gms_nodes group is misnamed or empty: preflight's own refusal
+    (contract.missing_group_problem, which the group_problem filter prints), one line, status 1, no traceback."""
+    from shadowline.deployment.contract import missing_group_problem
+
+    inventories = {
+        "misnamed.yml": ("all:\n  children:\n    gms_node:\n      hosts:\n        a: {gms_node_rank: 0}\n",
+                         {"gms_node": ["a"]}, "Fix: did you mean gms_node?"),
+        "empty.yml": ("all:\n  hosts:\n    b: {}\n  children:\n    gms_nodes: {}\n", {"ungrouped": ["b"]},
+                      "Hosts in no group: b."),
+    }
+    for name, (text, groups, said) in inventories.items():
+        (tmp_path / name).write_text(text)
+        proc = shadowline(installed, "plan", "-i", str(tmp_path / name), cwd=tmp_path)
+        expected = f"shadowline plan: {missing_group_problem('gms_nodes', groups)}"
+        assert proc.returncode == 1 and proc.stdout == "" and proc.stderr == expected + "\n", (name, proc.stderr)
+        assert said in proc.stderr

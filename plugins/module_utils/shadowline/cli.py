@@ -67,6 +67,11 @@ def plan_of(inventory: str) -> dict:
                              cwd=CHECKOUT if in_checkout() else None, env=env, check=False)
         results = [json.loads(path.read_text()) for path in Path(tree).iterdir()]
     if not results:
+        from .deployment.contract import NODES_GROUP, missing_group_problem
+        from .slurm.render import read_with_ansible
+        groups = read_with_ansible(ansible_tool("ansible-inventory"), inventory)[1]
+        if not groups.get(NODES_GROUP):  # preflight's refusal, word for word (filter group_problem)
+            raise SystemExit(f"{PROG} plan: {missing_group_problem(NODES_GROUP, groups)}")
         raise SystemExit(f"{PROG} plan: no node in group gms_nodes of {inventory}, or ansible failed:\n"
                          f"{run.stdout[-2000:]}{run.stderr[-2000:]}")
     result = results[0]
