@@ -18,7 +18,7 @@ from ..model.spec import DEFAULT_FORMAT, FORMATS, MODEL_ID_RE, PINNED_RE, parse_
 from .addresses import ADDRESS_FIX, address_problem
 from .container import RUNTIME_MODE, Container, parse_container
 from .problems import Problem
-from .values import Reader, as_bool, close_match, describe, suggest
+from .values import SYSTEM_DIRECTORIES, Reader, as_bool, close_match, describe, suggest
 
 SAFE_FORMATS = ["safetensors"]
 PICKLE_FORMATS = [f for f in FORMATS if f not in SAFE_FORMATS]
@@ -374,6 +374,12 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
     socket_dir = _absolute_path(read, "gms_socket_dir", socket_dir) if socket_dir else None
     lock_path = shared.get("gms_lock_path") or (default_lock_path(socket_dir) if socket_dir else None)
     lock_path = _absolute_path(read, "gms_lock_path", lock_path) if lock_path else None
+    if lock_path and lock_path.rsplit("/", 1)[0] in SYSTEM_DIRECTORIES:  # the base role makes it the deployment's
+        read.problem("gms_lock_path", f"is {lock_path}, in {lock_path.rsplit('/', 1)[0]}, a system directory: the "
+                     "deployment makes the lock's directory its service user's and lets its units write it.",
+                     "put the lock in a directory of the deployment's own, such as "
+                     f"{PATH_EXAMPLES['gms_lock_path']} (the default).")
+        lock_path = None
     python = shared.get("gms_python") or (DEFAULT_PYTHON.format(deployment=deployment) if deployment else None)
     python = _absolute_path(read, "gms_python", python) if python else None
     token_file = shared.get("gms_model_hf_token_file")

@@ -21,8 +21,9 @@ MARKER = ".shadowline-deployment"  # plugins/modules/install_files.py writes and
 
 def deployment_directories(plan: Plan) -> list[dict[str, Any]]:
     """install_files ``directories`` of the base role, in order: configuration, state, the default socket
-    directory's parent, and the socket directory (which also holds the failover lock by default). Each is marked:
-    install_files writes the marker into it if it makes it.
+    directory's parent, the socket directory (which also holds the failover lock by default) and, when
+    gms_lock_path is elsewhere, the lock's directory (the engines' and the agent's units may write it:
+    units.lock_dir_writable). Each is marked: install_files writes the marker into it if it makes it.
 
     The parent of a gms_socket_dir the user gave is the user's: it is not listed, so never marked, chowned or
     removed (install_files makes it, root 0755, only when it is missing)."""
@@ -35,6 +36,8 @@ def deployment_directories(plan: Plan) -> list[dict[str, Any]]:
         found.append({"path": plan.socket_dir.rsplit("/", 1)[0], "owner": "root", "group": "root", "mode": "0755",
                       "mark": True})
     found.append({"path": plan.socket_dir, "owner": user, "group": user, "mode": "0750", "mark": True})
+    if plan.lock_dir not in {entry["path"] for entry in found}:  # gms_lock_path outside the socket directory
+        found.append({"path": plan.lock_dir, "owner": user, "group": user, "mode": "0750", "mark": True})
     return found
 
 

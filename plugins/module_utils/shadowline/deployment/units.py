@@ -229,8 +229,18 @@ def engine_template(plan: Plan) -> str:
         unit += ["Delegate=yes"] + [f"{k}={v}" for k, v in LIMITS] + [""]
         return "\n".join(unit)
     unit += hardening(UNPRIVILEGED) + [f"{k}={v}" for k, v in LIMITS]
-    unit += [f"ReadWritePaths={plan.socket_dir} {plan.engines_dir}", ""]
+    writable = [plan.socket_dir, plan.engines_dir]
+    unit += [f"ReadWritePaths={' '.join(writable + lock_dir_writable(plan, writable))}", ""]
     return "\n".join(unit)
+
+
+def lock_dir_writable(plan: Plan, writable: list[str]) -> list[str]:
+    """The failover lock's directory, for a unit that opens the lock (an engine's leader takes it; the agent bridges
+    it; both open it O_CREAT|O_RDWR), when ``writable`` (the unit's ReadWritePaths or mounts) does not hold it
+    already: a gms_lock_path outside gms_socket_dir, whose flock ProtectSystem=strict would refuse (issue #42).
+    The base role makes that directory (deployment/directories.py)."""
+    held = any(plan.lock_dir == path or plan.lock_dir.startswith(path.rstrip("/") + "/") for path in writable)
+    return [] if held else [plan.lock_dir]
 
 
 UNIT_DIR = "/etc/systemd/system"
@@ -276,6 +286,7 @@ def _engine_dropin(plan: Plan, host: str, cohort: int, config: dict[str, str]) -
         unit = plan.unit_name("engine", cohort)
         mounts = [(plan.socket_dir, True), (f"{plan.engines_dir}/{cohort}", True), (plan.model_dir, False, plan.model_view),
                   ("/dev/null", False, f"{plan.model_view}/{MANIFEST_NAME}")]
+        mounts += [(path, True) for path in lock_dir_writable(plan, [plan.socket_dir])]
         wrapped = container_process(plan, unit, Process(host=host, argv=process.argv, env=env), mounts,
                                     CREDENTIAL_NAMES if plan.secure else ())
         return "\n".join(lines + [exec_start(wrapped.argv), stop_post(unit), ""])
@@ -312,6 +323,7 @@ def agent_unit(plan: Plan, host: str) -> str:
     its loop stops ticking: it tells systemd it is ready and alive (control/systemd_notify.py), and systemd kills
     and restarts an agent silent for AGENT_WATCHDOG_S."""
     return service_unit(f"shadowline {plan.deployment}: failover agent", agent_process(plan, host),
-                        [plan.state_dir, plan.socket_dir], user=None, after=[], restart="always",
+                        [plan.state_dir, plan.socket_dir, *lock_dir_writable(plan, [plan.state_dir, plan.socket_dir])],
+                        user=None, after=[], restart="always",
                         extra=("RestartPreventExitStatus=3", "NotifyAccess=main", f"WatchdogSec={AGENT_WATCHDOG_S}",
                                "WatchdogSignal=SIGABRT"), sandbox=(AGENT,), service_type="notify")
