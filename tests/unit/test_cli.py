@@ -18,7 +18,8 @@ from shadowline.drill.report import compute_report
 from .helpers import hostvars
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBCOMMANDS = ["plan", "render-slurm", "drill-report", "status", "completion"]
+SUBCOMMANDS = ["plan", "render-slurm", "drill-report", "status", "pause", "resume", "failover", "switchover", "history",
+               "completion"]
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,11 @@
   shadowline drill-report FILE            the table and SVG timeline of a drill report (playbooks/drill.yml)
   shadowline status [-i INVENTORY]        the status table from live state (what playbooks/status.yml prints);
                   [-o table|json|yaml]    exit status 0 only when every rank is active, parked or running
+                  [--watch [SECONDS]]     again every SECONDS (2) until Ctrl-C, or --count N times
+  shadowline pause|resume -i INVENTORY    automatic failover paused for maintenance, or resumed (pause.yml)
+  shadowline failover -i INVENTORY --cohort N [--mode M] | --unfence NODE   playbooks/failover.yml
+  shadowline switchover -i INVENTORY      the serving cohort handed over to a parked shadow (failover.yml)
+  shadowline history -i INVENTORY | --events PATH | --reports PATH   the agents' events, or drill reports
   shadowline completion bash|zsh          a completion script: eval "$(shadowline completion bash)"
   shadowline --version
 
@@ -16,14 +21,19 @@ beside this interpreter or on PATH) with the checkout's ansible.cfg when there i
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import math
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from contextlib import redirect_stdout
 from pathlib import Path
+from types import ModuleType
 from typing import Callable
 
 from . import console
@@ -160,12 +170,16 @@ def cmd_drill_report(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     dump = status_dumper(args.output)  # before anything runs: -o yaml without PyYAML is refused at once
+    if args.watch is None:
+        return status_once(args, dump)
+    title = "shadowline status " + (f"--plan {args.plan}" if args.plan else f"-i {args.inventory}")
+    return watch(lambda: status_once(args, dump), args.watch, args.count, title)
+
+
+def status_once(args: argparse.Namespace, dump: Callable[[dict], str] | None) -> int:
     if args.plan:
         return local_status(args.plan, args.host, dump)
-    playbook = str(CHECKOUT / "playbooks" / "status.yml") if in_checkout() else "shadowline.gms.status"
-    argv = [ansible_tool("ansible-playbook"), "-i", args.inventory, playbook]
-    env = {**ansible_env(), "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
-    run = subprocess.run(argv, cwd=CHECKOUT if in_checkout() else None, env=env, capture_output=True, text=True, check=False)
+    run = run_playbook("status", args.inventory)
     lines = status_lines(run.stdout)
     if run.returncode != 0 or not lines:
         console.err(run.stdout + run.stderr)
@@ -178,23 +192,229 @@ def cmd_status(args: argparse.Namespace) -> int:
     return run.returncode or (0 if whole(table_states(lines)) else 1)
 
 
+WATCH_MAX_S = 3600.0
+CLEAR = "\033[H\033[2J"  # cursor home, clear the screen (a terminal only)
+
+
+def watch(refresh: Callable[[], int], every: float, count: int | None, title: str,
+          sleep: Callable[[float], None] | None = None) -> int:
+    """``refresh`` every ``every`` seconds, ``count`` times or until Ctrl-C (exit status 0); each refresh is
+    printed whole once done, under a header with the time (on a terminal the screen is cleared first). The exit
+    status of the last refresh otherwise."""
+    done, code = 0, 0
+    try:
+        while True:
+            printed = io.StringIO()
+            with redirect_stdout(printed):
+                code = refresh()
+            done += 1
+            header = f"Every {every:g} s: {title}    {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}"
+            sys.stdout.write((CLEAR if sys.stdout.isatty() else "\n" if done > 1 else "") + header + "\n\n"
+                             + printed.getvalue())
+            sys.stdout.flush()
+            if count is not None and done >= count:
+                return code
+            (sleep or time.sleep)(every)
+    except KeyboardInterrupt:
+        return 0
+
+
 def cmd_pause(args: argparse.Namespace) -> int:
     """pause / resume: playbooks/pause.yml, its last message printed (what failover is now)."""
     paused = args.command == "pause"
-    playbook = str(CHECKOUT / "playbooks" / "pause.yml") if in_checkout() else "shadowline.gms.pause"
     extra = {"paused": paused, "reason": getattr(args, "reason", "") or ""}
-    argv = [ansible_tool("ansible-playbook"), "-i", args.inventory, playbook, "-e", json.dumps(extra)]
-    if args.check:
-        argv += ["--check", "--diff"]
-    env = {**ansible_env(), "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
-    run = subprocess.run(argv, cwd=CHECKOUT if in_checkout() else None, env=env, capture_output=True, text=True,
-                         check=False)
-    said = [json.loads(f'"{m}"') for m in re.findall(r'"msg": "(deployment (?:[^"\\]|\\.)*)"', run.stdout)]
+    run = run_playbook("pause", args.inventory, extra, check=args.check)
+    said = messages(run.stdout, "deployment ")
     if run.returncode != 0 or not said:
         console.err(run.stdout + run.stderr)
         return run.returncode or 1
     console.out(said[-1])
     return 0
+
+
+def cmd_failover(args: argparse.Namespace) -> int:
+    """failover: playbooks/failover.yml for one cohort (-e cohort, mode), or a node's fence lifted (-e unfence)."""
+    if args.unfence is not None:
+        if args.mode is not None:
+            raise SystemExit(f"{PROG} failover: --mode is for --cohort; --unfence {args.unfence} takes none")
+        return run_failover("failover", args.inventory, {"unfence": args.unfence}, re.escape(args.unfence) + ": ",
+                            args.check)
+    extra = {"cohort": args.cohort, "mode": args.mode or "planned"}
+    return run_failover("failover", args.inventory, extra, r"cohort [0-9]+: ", args.check)
+
+
+def cmd_switchover(args: argparse.Namespace) -> int:
+    """switchover: the serving cohort (from playbooks/status.yml's lock holder) handed over to a parked shadow:
+    playbooks/failover.yml with mode handover (the serving worker drained first, as upgrade.yml does)."""
+    from .control.status_table import table_rows
+    run = run_playbook("status", args.inventory)
+    rows, holder = table_rows(status_lines(run.stdout))
+    if run.returncode != 0 or not rows:
+        console.err(run.stdout + run.stderr)
+        raise SystemExit(f"{PROG} switchover: cannot read the status of {args.inventory} (playbooks/status.yml, "
+                         "above); nothing was changed")
+    serving = switchover_cohort(rows, holder, args.cohort)
+    console.out(f"cohort {serving} serves: handing it over to a parked shadow (failover.yml mode=handover"
+                + (", check mode)" if args.check else ")"))
+    return run_failover("switchover", args.inventory, {"cohort": serving, "mode": "handover"}, r"cohort [0-9]+: ",
+                        args.check)
+
+
+def switchover_cohort(rows: list[tuple[str, ...]], holder: str | None, asked: int | None) -> int:
+    """The cohort a switchover hands over: the lock holder's, when a shadow of another cohort is parked to take
+    over (what failover.yml's planned and handover modes require too). ``asked``: the cohort the person named."""
+    from .control.lock import parse_holder
+    from .control.status_table import COLUMNS, NO_HOLDER
+    serving = parse_holder(holder or "")
+    if serving is None:
+        held = "nobody holds the failover lock" if holder in (None, "", NO_HOLDER) else f"the lock holder is {holder}"
+        raise SystemExit(f"{PROG} switchover: no cohort serves ({held}): nothing to hand over. Fix: see "
+                         "`shadowline status`; `shadowline failover --cohort N` relaunches a cohort")
+    if asked is not None and asked != serving:
+        raise SystemExit(f"{PROG} switchover: --cohort {asked} does not serve (engine-{serving} holds the lock): a "
+                         f"switchover hands the serving cohort over. Fix: --cohort {serving}, or "
+                         f"`shadowline failover --cohort {asked}` to relaunch cohort {asked}")
+    cells = [dict(zip(COLUMNS, row)) for row in rows]
+    if not any(c["state"] == "parked" and c["cohort"] != str(serving) for c in cells):
+        raise SystemExit(f"{PROG} switchover: cohort {serving} serves and no shadow is parked to take over: serving "
+                         "would stop until the relaunch. Fix: wait for a parked shadow (`shadowline status`), or "
+                         f"`shadowline failover --cohort {serving} --mode forced`")
+    return serving
+
+
+def run_failover(command: str, inventory: str, extra: dict, said: str, check: bool) -> int:
+    """playbooks/failover.yml with ``extra``; its last message that starts as ``said`` (a pattern) is printed. In
+    check mode the module's own "would ..." (shown with -v) is what it says."""
+    run = run_playbook("failover", inventory, extra, check=check, verbose=check)
+    found = messages(run.stdout, said + ("|would " if check else ""))
+    if run.returncode != 0 or not found:
+        console.err(run.stdout + run.stderr)
+        why = failure_of(run.stdout)
+        if why:
+            console.err(f"{PROG} {command}: {why}")
+        return run.returncode or 1
+    console.out(("check mode, nothing changed: " if check else "") + found[-1])
+    return 0
+
+
+def run_playbook(name: str, inventory: str, extra: dict | None = None, check: bool = False, verbose: bool = False
+                 ) -> subprocess.CompletedProcess[str]:
+    """playbooks/<name>.yml (in a checkout; installed: shadowline.gms.<name>), its output captured, results as
+    JSON (what ``messages`` reads)."""
+    playbook = str(CHECKOUT / "playbooks" / f"{name}.yml") if in_checkout() else f"shadowline.gms.{name}"
+    argv = [ansible_tool("ansible-playbook"), "-i", inventory, playbook]
+    if extra:
+        argv += ["-e", json.dumps(extra)]
+    if check:
+        argv += ["--check", "--diff"]
+    if verbose:
+        argv.append("-v")
+    env = {**ansible_env(), "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
+    return subprocess.run(argv, cwd=CHECKOUT if in_checkout() else None, env=env, capture_output=True, text=True,
+                          check=False)
+
+
+def messages(output: str, start: str) -> list[str]:
+    """The ``msg`` values of a playbook's results (JSON format) that start with the pattern ``start``."""
+    return [json.loads(f'"{m}"') for m in re.findall(rf'"msg": "((?:{start})(?:[^"\\]|\\.)*)"', output)]
+
+
+def failure_of(output: str) -> str | None:
+    """The message of a playbook's last failed task, if it said one."""
+    at = output.rfind("FAILED! =>")
+    found = re.search(r'"msg": "((?:[^"\\]|\\.)*)"', output[at:]) if at >= 0 else None
+    return json.loads(f'"{found.group(1)}"') if found else None
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """history: the agents' events (every node's, through playbooks/history.yml, or files here) or drill reports,
+    in time order."""
+    from .control import history
+    option = "-i" if args.inventory else "--events" if args.events else "--reports"
+    try:
+        if args.reports:
+            return show_reports(history, Path(args.reports), args)
+        events = history.read_events_at(Path(args.events)) if args.events else node_events(history, args)
+    except history.HistoryError as err:
+        raise SystemExit(f"{PROG} history {option}: {err}") from None
+    chosen = history.select(events, args.since, args.limit)
+    if args.output == "json":
+        console.out(json.dumps(chosen, indent=2))
+    elif chosen:
+        for line in history.event_lines(chosen):
+            console.out(line)
+    else:
+        console.err(f"{PROG} history: no events" + (" since then" if args.since is not None else ""))
+    return 0
+
+
+def node_events(history: ModuleType, args: argparse.Namespace) -> list[dict]:
+    """Every node's last events (playbooks/history.yml); a node that has none says so on stderr."""
+    run = run_playbook("history", args.inventory, {"history_lines": max(args.limit or 0, HISTORY_LINES)})
+    lines = task_lines(run.stdout, HISTORY_TASK)
+    if run.returncode != 0 or not lines:
+        console.err(run.stdout + run.stderr)
+        if not lines:
+            raise SystemExit(f"{PROG} history -i: playbooks/history.yml printed no events of {args.inventory} "
+                             f"(exit status {run.returncode}, its output above)")
+    events, said = history.events_of_text("\n".join(lines), f"the events of {args.inventory}")
+    for line in said:
+        console.err(f"{PROG} history: {line}")
+    return events
+
+
+def show_reports(history: ModuleType, path: Path, args: argparse.Namespace) -> int:
+    """The drill reports of ``path`` (a file or a directory), one line each; JSON files that are not reports are
+    named on stderr and left out."""
+    records, left_out = history.reports_at(path)
+    for name in left_out:
+        console.err(f"{PROG} history --reports: {name} is not a drill report, left out")
+    records = [r for r in records if args.since is None or (r["injected_at"] or 0) >= args.since]
+    records = records[-args.limit:] if args.limit else records
+    if args.output == "json":
+        console.out(json.dumps(records, indent=2))
+    else:
+        for line in history.report_lines(records):
+            console.out(line)
+    return 0
+
+
+HISTORY_TASK = "TASK [Print the events of every node]"
+HISTORY_LINES = 1000  # each node's last lines read by -i, at least
+
+
+# -- values of options ------------------------------------------------------------------------------------------ #
+
+def watch_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0 or value > WATCH_MAX_S:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds between refreshes: give one "
+                                         f"above 0 and at most {WATCH_MAX_S:g} (e.g. --watch 2)")
+    return value
+
+
+def at_least(least: int, what: str) -> Callable[[str], int]:
+    def number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}: give a whole number, {least} or more")
+        return value
+    return number
+
+
+def since_time(text: str) -> float:
+    from .control.history import parse_since
+    try:
+        return parse_since(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time: give a duration back from now (90s, 10m, 2h, 1d), "
+                                         "a UTC time (2026-11-22T09:15:44Z, 2026-11-22) or unix seconds") from None
 
 
 def status_dumper(output: str) -> Callable[[dict], str] | None:
@@ -217,7 +437,13 @@ STATUS_TASK = "TASK [Print the status table]"
 def status_lines(output: str) -> list[str]:
     """The table lines of playbooks/status.yml (printed by shadowline.gms.show between its task banner and the
     task's result line)."""
-    start = output.rfind(STATUS_TASK)
+    return task_lines(output, STATUS_TASK)
+
+
+def task_lines(output: str, banner: str) -> list[str]:
+    """The lines shadowline.gms.show printed in the last task named by ``banner`` (between the banner and the
+    task's result line)."""
+    start = output.rfind(banner)
     if start < 0:
         return []
     lines = []
@@ -419,6 +645,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--host", help="with --plan: the node's inventory name (default: this host's name)")
     status.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table",
                         help="table (default), or the same rows and lock holder as JSON or YAML (YAML needs PyYAML)")
+    status.add_argument("-w", "--watch", nargs="?", const=2.0, type=watch_seconds, metavar="SECONDS",
+                        help="again every SECONDS (default 2) until Ctrl-C, each under a header with the time")
+    status.add_argument("--count", type=at_least(1, "a number of refreshes"), metavar="N",
+                        help="with --watch: stop after N refreshes (the exit status is the last one's)")
 
     for name, summary in (("pause", "pause automatic failover for maintenance"),
                           ("resume", "resume automatic failover")):
@@ -431,6 +661,53 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "pause":
             sub.add_argument("--reason", default="", help="why (kept in the pause record and the agents' events)")
         sub.add_argument("--check", action="store_true", help="say what would change, change nothing")
+
+    failover = add("failover", cmd_failover, "fail a cohort over on every node at once, or unfence a node",
+                   "Fail one cohort over on every node at once (playbooks/failover.yml), as an agent does when it "
+                   "detects a failure: its generation is declared failed, every node tears its rank down, a parked "
+                   "shadow takes the lock (when it served) and the cohort is relaunched as a fresh shadow; the "
+                   "timeline is printed. A cohort the agents gave up on (dead) is revived.\nModes: planned (default: "
+                   "refused while the cohort serves and no shadow is parked; SIGTERM, the engines drain), handover "
+                   "(the same refusal; the serving worker taken out of routing first, then ended at once), forced "
+                   "(anyway).\n--unfence NODE returns a node fenced for a GPU fault to service instead.")
+    failover.add_argument("-i", "--inventory", required=True, help="inventory (as for ansible-playbook -i)")
+    target = failover.add_mutually_exclusive_group(required=True)
+    target.add_argument("--cohort", type=at_least(0, "a cohort number"), metavar="N",
+                        help="the cohort to fail over (0 is the primary; `shadowline plan` lists them)")
+    target.add_argument("--unfence", metavar="NODE", help="the inventory name of a fenced node to return to service")
+    failover.add_argument("--mode", choices=["planned", "handover", "forced"],
+                          help="planned (default), handover or forced (see above)")
+    failover.add_argument("--check", action="store_true", help="say what would be done, change nothing")
+
+    switchover = add("switchover", cmd_switchover, "hand the serving cohort over to a parked shadow",
+                     "Hand the serving cohort over to a parked shadow, as patronictl switchover: the lock holder is "
+                     "read first (playbooks/status.yml), then playbooks/failover.yml fails it over with mode "
+                     "handover (its worker taken out of the frontend's routing and its streams let end, then a "
+                     "parked shadow takes the lock; the old cohort is relaunched as a shadow).\nRefused, changing "
+                     "nothing, when no cohort serves, when --cohort names one that does not, or when no shadow "
+                     "is parked to take over.")
+    switchover.add_argument("-i", "--inventory", required=True, help="inventory (as for ansible-playbook -i)")
+    switchover.add_argument("--cohort", type=at_least(0, "a cohort number"), metavar="N",
+                            help="the cohort you expect to serve: refused if another one does")
+    switchover.add_argument("--check", action="store_true", help="say what would be done, change nothing")
+
+    history = add("history", cmd_history, "the agents' events, or drill reports, in time order",
+                  "The agents' decisions (the events of events.jsonl: failures declared, promotions, relaunches, "
+                  "pauses...) in time order, one line each: time (UTC), node, cohort/generation, event, reason.\n"
+                  "-i: every node's, through playbooks/history.yml (read-only: the last lines of each node's "
+                  "<state_dir>/events.jsonl, at least 1000; the rotated files are not read). --events: files here "
+                  "(an events.jsonl with its rotations beside it, or every *events.jsonl under a directory; a Slurm "
+                  "job directory too). --reports: drill reports (the JSON playbooks/drill.yml writes with "
+                  "-e drill_report=PATH), one line each with their key figures.")
+    source = history.add_mutually_exclusive_group(required=True)
+    source.add_argument("-i", "--inventory", help="inventory (as for ansible-playbook -i)")
+    source.add_argument("--events", metavar="FILE|DIR", help="events files here (events.jsonl, JSON lines)")
+    source.add_argument("--reports", metavar="FILE|DIR", help="a drill report, or a directory of them")
+    history.add_argument("--since", type=since_time, metavar="WHEN",
+                         help="only from then: 10m, 2h, 1d back, a UTC time (2026-11-22T09:15Z) or unix seconds")
+    history.add_argument("--limit", type=at_least(1, "a number of events"), metavar="N", help="only the last N")
+    history.add_argument("-o", "--output", choices=["table", "json"], default="table",
+                         help="table (default), or the records as JSON")
 
     completion = add("completion", cmd_completion, "print a shell completion script",
                      'Print a completion script for the shell.\nbash: eval "$(shadowline completion bash)" in ~/.bashrc, '
@@ -445,6 +722,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "status" and not args.plan and not args.inventory:
         raise SystemExit(f"{PROG} status: give -i INVENTORY or --plan PLAN.json")
+    if args.command == "status" and args.count is not None and args.watch is None:
+        console.err(f"{PROG} status: --count {args.count} counts refreshes: give --watch [SECONDS] too")
+        return 2  # a wrong combination of options, as argparse's own refusals
     try:
         return int(args.func(args))
     except BrokenPipeError:  # the reader went away (| head): nothing more to say
