@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: readiness_gate
 short_description: Refuse to start engines unless every node holds the same verified model
-version_added: "0.1.0"
+version_added: "0.2.0"
 description:
   - The readiness gate of the engine role, over C(shadowline.model.readiness.readiness_gate) (the Slurm
     supervisor runs the same check) - every node of the deployment must report its model C(Ready), with the

@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: show
 short_description: Print text for a person to read, line by line
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Prints O(text) on the controller as plain lines between the task's banner and its result, so a table (the
     status table, a drill's timeline) reads as a table. M(ansible.builtin.debug) shows a multi-line message as

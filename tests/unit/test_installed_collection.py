@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,37 +82,6 @@ def test_ansible_finds_the_installed_collection_and_it_has_no_dev_only_path(inst
         assert (installed.collection / needed).exists(), f"{needed}: not installed"
 
 
-def test_slurm_render_by_fqcn_writes_the_batch_script(installed: Installed, tmp_path: Path):
-    inventory = tmp_path / "inventory"
-    shutil.copytree(installed.collection / "inventories" / "examples" / "slurm-pyxis", inventory)
-    variables = yaml.safe_load((inventory / "group_vars" / "all.yml").read_text())
-    out = tmp_path / "out"
-    out.mkdir()
-    result = run(installed, "ansible-playbook", "-v", "-i", str(inventory), "shadowline.gms.slurm_render",
-                 "-e", f"slurm_render_dest={out}")
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    # the installed collection's slurm/render ran, not the checkout's
-    assert str(installed.collection / "playbooks" / ".." / "slurm" / "render") in output, output
-    script = out / f"shadowline-{variables['gms_deployment']}.sbatch"
-    assert [p.name for p in out.iterdir()] == [script.name]
-    text = script.read_text()
-    assert text.startswith("#!/bin/bash\n")
-    slurm = variables["gms_slurm"]
-    sbatch = {line.split("=", 1)[0][len("#SBATCH "):]: line.split("=", 1)[1]
-              for line in text.splitlines() if line.startswith("#SBATCH ") and "=" in line}
-    assert sbatch["--job-name"] == f"shadowline-{variables['gms_deployment']}"
-    assert sbatch["--nodes"] == str(variables["gms_engine"]["nnodes"])
-    assert sbatch["--gpus-per-node"] == str(variables["gms_engine"]["gpus_per_node"])
-    assert sbatch["--partition"] == slurm["partition"]
-    assert sbatch["--account"] == slurm["account"]
-    assert sbatch["--time"] == slurm["time"]
-    assert sbatch["--output"] == f"{slurm['output_dir']}/%x-%j.out"
-    assert "#SBATCH --exclusive" in text.splitlines()
-    assert str(ROOT) not in text and str(installed.scratch) not in text, "the script names a build-time path"
-    assert f"sbatch {script}" in output
-
-
 def local_inventory(installed: Installed, where: Path, deployment: str) -> Path:
     """The installed local example (one node, local connection, the stand-in backend), a deployment name and
     ports of its own."""
@@ -122,18 +92,6 @@ def local_inventory(installed: Installed, where: Path, deployment: str) -> Path:
     variables.update(gms_deployment=deployment, gms_ports=PORTS)
     group_vars.write_text(yaml.safe_dump(variables))
     return where
-
-
-def preflight(installed: Installed, inventory: Path) -> tuple[int, str]:
-    result = run(installed, "ansible-playbook", "-i", str(inventory), "shadowline.gms.preflight")
-    return result.returncode, result.stdout + result.stderr
-
-
-def test_preflight_by_fqcn_passes_the_local_example(installed: Installed, tmp_path: Path):
-    rc, output = preflight(installed, local_inventory(installed, tmp_path / "good", "pkgcheck"))
-    assert rc == 0, output
-    assert "preflight passed for deployment pkgcheck: 1 node(s), 2 cohort(s), backend standin" in output
-    assert "changed=0" in output and "failed=0" in output
 
 
 def break_field(inventory: Path) -> list[str]:
@@ -154,12 +112,80 @@ def break_group(inventory: Path) -> list[str]:
             "Fix: did you mean gms_node? Rename that group to gms_nodes"]
 
 
-@pytest.mark.parametrize("breakage", [break_field, break_group], ids=["field", "group"])
-def test_preflight_by_fqcn_refuses_the_local_example_broken(installed: Installed, tmp_path: Path, breakage):
-    inventory = local_inventory(installed, tmp_path / "broken", "pkgcheck")
-    expected = breakage(inventory)
-    rc, output = preflight(installed, inventory)
+BREAKAGES = {"field": break_field, "group": break_group}
+
+
+@dataclass
+class Runs:
+    slurm_inventory: Path
+    slurm_out: Path
+    outcomes: dict[str, tuple[int, str]]  # "slurm_render", "preflight-good", "preflight-<breakage>"
+    expected: dict[str, list[str]]  # what each broken inventory's refusal says
+
+
+@pytest.fixture(scope="module")
+def runs(installed: Installed) -> Runs:
+    """Every playbook run at once (each is a second or two of work and many of waiting on Ansible's start)."""
+    cases = installed.scratch / "cases"
+    slurm_inventory = cases / "slurm-pyxis"
+    shutil.copytree(installed.collection / "inventories" / "examples" / "slurm-pyxis", slurm_inventory)
+    slurm_out = cases / "out"
+    slurm_out.mkdir()
+    argvs = {"slurm_render": ["-v", "-i", str(slurm_inventory), "shadowline.gms.slurm_render",
+                              "-e", f"slurm_render_dest={slurm_out}"],
+             "preflight-good": ["-i", str(local_inventory(installed, cases / "good", "pkgcheck")),
+                                "shadowline.gms.preflight"]}
+    expected = {}
+    for name, breakage in BREAKAGES.items():
+        inventory = local_inventory(installed, cases / f"broken-{name}", "pkgcheck")
+        expected[name] = breakage(inventory)
+        argvs[f"preflight-{name}"] = ["-i", str(inventory), "shadowline.gms.preflight"]
+
+    def play(argv: list[str]) -> tuple[int, str]:
+        result = run(installed, "ansible-playbook", *argv)
+        return result.returncode, result.stdout + result.stderr
+
+    with ThreadPoolExecutor(max_workers=len(argvs)) as pool:
+        outcomes = dict(zip(argvs, pool.map(play, argvs.values())))
+    return Runs(slurm_inventory, slurm_out, outcomes, expected)
+
+
+def test_slurm_render_by_fqcn_writes_the_batch_script(installed: Installed, runs: Runs):
+    variables = yaml.safe_load((runs.slurm_inventory / "group_vars" / "all.yml").read_text())
+    rc, output = runs.outcomes["slurm_render"]
+    assert rc == 0, output
+    # the installed collection's slurm/render ran, not the checkout's
+    assert str(installed.collection / "playbooks" / ".." / "slurm" / "render") in output, output
+    script = runs.slurm_out / f"shadowline-{variables['gms_deployment']}.sbatch"
+    assert [p.name for p in runs.slurm_out.iterdir()] == [script.name]
+    text = script.read_text()
+    assert text.startswith("#!/bin/bash\n")
+    slurm = variables["gms_slurm"]
+    sbatch = {line.split("=", 1)[0][len("#SBATCH "):]: line.split("=", 1)[1]
+              for line in text.splitlines() if line.startswith("#SBATCH ") and "=" in line}
+    assert sbatch["--job-name"] == f"shadowline-{variables['gms_deployment']}"
+    assert sbatch["--nodes"] == str(variables["gms_engine"]["nnodes"])
+    assert sbatch["--gpus-per-node"] == str(variables["gms_engine"]["gpus_per_node"])
+    assert sbatch["--partition"] == slurm["partition"]
+    assert sbatch["--account"] == slurm["account"]
+    assert sbatch["--time"] == slurm["time"]
+    assert sbatch["--output"] == f"{slurm['output_dir']}/%x-%j.out"
+    assert "#SBATCH --exclusive" in text.splitlines()
+    assert str(ROOT) not in text and str(installed.scratch) not in text, "the script names a build-time path"
+    assert f"sbatch {script}" in output
+
+
+def test_preflight_by_fqcn_passes_the_local_example(runs: Runs):
+    rc, output = runs.outcomes["preflight-good"]
+    assert rc == 0, output
+    assert "preflight passed for deployment pkgcheck: 1 node(s), 2 cohort(s), backend standin" in output
+    assert "changed=0" in output and "failed=0" in output
+
+
+@pytest.mark.parametrize("breakage", sorted(BREAKAGES))
+def test_preflight_by_fqcn_refuses_the_local_example_broken(runs: Runs, breakage: str):
+    rc, output = runs.outcomes[f"preflight-{breakage}"]
     assert rc != 0, output
     assert "Traceback" not in output, output
-    for line in expected:
+    for line in runs.expected[breakage]:
         assert line in output, f"expected {line!r} in:\n{output}"
