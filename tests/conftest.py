@@ -37,3 +37,21 @@ def pytest_sessionfinish(session, exitstatus):  # noqa: ANN001 (pytest hook sign
     if os.environ.get("CI") == "true" and skipped and exitstatus == 0:
         reporter.write_line(f"CI: {skipped} test(s) were skipped; in CI every test must run", red=True)
         session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ANN001, ARG001 (pytest hook signature)
+    """Where the suite's time goes, by test file (setup, call and teardown summed): CI's budget is spent per file,
+    since each end-to-end file boots and converges its own testbed (module fixtures)."""
+    per_file: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            where, duration = getattr(report, "nodeid", ""), getattr(report, "duration", None)
+            if where and isinstance(duration, float):
+                name = where.split("::")[0]
+                per_file[name] = per_file.get(name, 0.0) + duration
+    if len(per_file) < 2:
+        return
+    terminalreporter.write_sep("=", "time by test file (the 15 slowest)")
+    for name, seconds in sorted(per_file.items(), key=lambda item: -item[1])[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {name}")
+    terminalreporter.write_line(f"{sum(per_file.values()):8.1f} s  in all ({len(per_file)} files)")

@@ -98,7 +98,8 @@ ansible_facts:
         size, weight bytes; null before a first deployment) and whether its control plane runs secured
         (C(running_secure), the plan's etcd authentication and NATS TLS; null before a first deployment), and the
         SHA-256 digests (never the content) of the CA certificate and etcd passwords it runs with
-        (C(installed_secrets); null before a first deployment or with C(gms_insecure)).
+        (C(installed_secrets); null before a first deployment or with C(gms_insecure)), and who the module ran
+        as (C(privilege): uid and user name, after become; preflight refuses anyone but root).
       type: dict
       sample:
         listening: [{port: 22, address: 0.0.0.0, pid: 301, process: sshd, ours: false}]
@@ -113,6 +114,7 @@ ansible_facts:
                             etcd-agent.password: 60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752,
                             etcd-root.password: null}
         image: null
+        privilege: {uid: 0, user: root}
 """
 
 from ansible.module_utils.basic import AnsibleModule

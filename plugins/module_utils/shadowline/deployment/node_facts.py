@@ -35,6 +35,9 @@ def gather(deployment: str | None, lock_path: str | None, python: str | None, ba
            model_dir: str | None, service_user: str | None, runtime_mode: str | None = None,
            wheelhouse: str | None = None, container: dict[str, Any] | None = None,
            hf_token_file: str | None = None) -> dict[str, Any]:
+    privilege = privilege_facts()
+    if privilege["uid"] != 0:  # not root: refused by name (preflight.privilege_problems), nothing else read
+        return {"privilege": privilege}
     running = running_plan(CONFIG_DIR.format(deployment=deployment)) if deployment else None
     return {
         "runtime_mode": runtime_mode,
@@ -53,7 +56,19 @@ def gather(deployment: str | None, lock_path: str | None, python: str | None, ba
         and running.security is not None else None,
         "platform": platform_facts(),
         "hf_token_file": token_file_facts(hf_token_file) if hf_token_file else None,
+        "privilege": privilege,
     }
+
+
+def privilege_facts() -> dict[str, Any]:
+    """Who the modules run as on this node (after become, when the inventory asks for it): the roles install
+    packages, units and the firewall, which needs root."""
+    uid = os.geteuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    return {"uid": uid, "user": name}
 
 
 def token_file_facts(path: str) -> dict[str, Any]:

@@ -50,6 +50,10 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
             problems.append(Problem("(facts)", "no node facts were gathered (was the host reachable?).",
                                     "make the host reachable over SSH and run preflight again.", host=node))
             continue
+        refused = privilege_problems(node, host_facts.get("privilege"))
+        if refused:  # nothing else was gathered there
+            problems += refused
+            continue
         problems += _listening_problems(contract, node, host_facts)
         problems += _lock_problems(contract, node, host_facts)
         problems += _gpu_problems(contract, node, host_facts)
@@ -57,7 +61,7 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
         problems += _token_file_problems(contract, node, host_facts)
         problems += platform_problems(node, host_facts.get("platform"),
                                       infra=node in {n.host for n in contract.infra_hosts})
-    checks += ["distribution and Python of every host", "ports already listening on each node",
+    checks += ["root on every host (directly or by become)", "distribution and Python of every host", "ports already listening on each node",
                "lock path on a local filesystem, creatable", "GPU count and memory budget (where nvidia-smi or sizes are known)"]
     runtime_modules = backend(contract.engine.backend).runtime_modules
     if runtime_modules:
@@ -320,6 +324,17 @@ def _token_file_problems(contract: Contract, host: str, facts: dict[str, Any]) -
         return []
     return [Problem("gms_model_hf_token_file", str(token.get("message", "cannot be read")),
                     str(token.get("fix") or "install it on every node, 0600, owned by root."), host=host)]
+
+
+def privilege_problems(host: str, privilege: dict[str, Any] | None) -> list[Problem]:
+    """The roles install packages, systemd units, a firewall and directories under /etc, /var/lib and /run: refused
+    at once when the modules run as another user than root, instead of deep inside site.yml."""
+    if not privilege or privilege.get("uid") == 0:
+        return []
+    return [Problem("ansible_become", f"the modules run as {privilege.get('user')} (uid {privilege.get('uid')}) "
+                    "on this host, not as root: the roles install packages, systemd units and a firewall.",
+                    "connect as root (ansible_user: root), or keep your SSH user and set ansible_become: true for "
+                    "the deployment's hosts (that user needs sudo rights: README.md, Requirements).", host=host)]
 
 
 def _secrets_problems(contract: Contract, facts: dict[str, dict[str, Any] | None]) -> list[Problem]:
