@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ..deployment.plan import Plan
 from . import frontend, observe
@@ -194,85 +194,103 @@ class Executor:
             self.faults_reported[key] = now
             self.events.write(fault.event, fault.cohort, fault.generation, error=fault.error)
 
-    def perform(self, action: Action) -> None:  # noqa: C901, PLR0912, PLR0915 (one branch per kind of action, flat)
-        if isinstance(action, Record):
-            self.events.write(action.event, action.cohort, action.generation, **action.fields)
-        elif isinstance(action, ReportFault):
-            self.report_fault(action)
-        elif isinstance(action, WakeAt):
-            if action.full:
-                self.schedule.next_reconcile = min(self.schedule.next_reconcile, action.mono)
-            else:
-                self.schedule.next_check = min(self.schedule.next_check, action.mono)
-        elif isinstance(action, Declare):
-            self.declare(action)
-        elif isinstance(action, TearDown):
-            self.tear_down(action.rank, action.since, action.grace)
-        elif isinstance(action, FinishTeardown):
-            teardown = self.node.terminating.pop(action.cohort, None)
-            if teardown is not None:
-                self.finish_teardown(teardown.rank, teardown.since)
-        elif isinstance(action, KillRest):
-            self.kill_rest(action.cohort)
-        elif isinstance(action, Confirm):
-            self.confirms.append(action)
-        elif isinstance(action, Launch):
-            self.launch(action.cohort, action.generation, action.config)
-        elif isinstance(action, PublishRank):
-            self.publishes.append(action)
-        elif isinstance(action, CheckStart):
-            self.check_start(action)
-        elif isinstance(action, Launched):
-            self.launched(action.rank)
-        elif isinstance(action, Untrack):
-            if action.rank.pidfd is not None:
-                os.close(action.rank.pidfd)
-        elif isinstance(action, LaunchFailed):
-            self.node.starting.pop(action.cohort, None)
-            status = systemctl("status", "--no-pager", "-n", "5", self.plan.unit_name("engine", action.cohort))
-            self.events.write("launch-failed", action.cohort, action.generation, failure=action.failure,
-                              status=status.stdout.strip()[-400:])
-        elif isinstance(action, AbandonStart):
-            start = self.node.starting.pop(action.cohort, None)
-            if start is not None and start.requested is not None:
-                start.requested.wait(LAUNCH_ASK_S)  # the stop comes after the start job, never before it
-            systemctl("stop", self.plan.unit_name("engine", action.cohort))
-            self.events.write("launch-abandoned", action.cohort, action.generation,
-                              slot_generation=action.slot_generation, slot_state=action.slot_state)
-        elif isinstance(action, NoteDetected):
-            self.node.detected_at.setdefault((action.cohort, action.generation), action.when)
-        elif isinstance(action, NoteFailure):
-            self.know(action.cohort, action.failure)
-        elif isinstance(action, MarkHealthy):
-            rank = self.node.ranks.get(action.cohort)
-            if rank is not None:
-                rank.healthy_at = action.at
-        elif isinstance(action, ProbeLeader):
-            self.probe_leader(action)
-        elif isinstance(action, NoteProgress):
-            rank = self.node.ranks.get(action.cohort)
-            if rank is not None:
-                rank.progress, rank.progress_at = action.observation, action.at
-        elif isinstance(action, (Fence, ClearFence)):
-            self.fence(action)
-        elif isinstance(action, SetGeneration):
-            rank = self.node.ranks.get(action.cohort)
-            if rank is not None:
-                rank.generation = action.generation
-                self.events.write("rank-adopted", action.cohort, action.generation, pid=rank.pid)
-        elif isinstance(action, ReportInvalid):
-            self.node.reported_invalid.add((action.key, action.revision))
-            self.metrics.count("records_invalid_total")
-            self.events.write("record-invalid", key=action.key, revision=action.revision, why=action.why,
-                              detail="written by a newer shadowline: upgrade this agent" if action.newer
-                              else "ignored: the agent acts on nothing in it")
-        elif isinstance(action, ReportGmsLost):
-            try:
-                self.etcd.put(self.coord.keys.gms_lost(self.host), json.dumps({"time": action.when}))
-            except EtcdError as err:
-                self.events.write("gms-lost-unreported", error=str(err))
-        else:
+    # One handler per kind of action a node performs, each an executor method or one call; an action not here is
+    # the driver's (perform_driver). Every kind of action (actions.Action) is in exactly one of the two tables
+    # (tests/unit/test_executor_dispatch.py).
+    NODE_ACTIONS: ClassVar[dict[type, Callable[[Executor, Any], object]]] = {
+        Record: lambda self, a: self.events.write(a.event, a.cohort, a.generation, **a.fields),
+        ReportFault: lambda self, a: self.report_fault(a),
+        WakeAt: lambda self, a: self.wake_at(a),
+        Declare: lambda self, a: self.declare(a),
+        TearDown: lambda self, a: self.tear_down(a.rank, a.since, a.grace),
+        FinishTeardown: lambda self, a: self.finish_terminating(a),
+        KillRest: lambda self, a: self.kill_rest(a.cohort),
+        Confirm: lambda self, a: self.confirms.append(a),
+        Launch: lambda self, a: self.launch(a.cohort, a.generation, a.config),
+        PublishRank: lambda self, a: self.publishes.append(a),
+        CheckStart: lambda self, a: self.check_start(a),
+        Launched: lambda self, a: self.launched(a.rank),
+        Untrack: lambda self, a: self.untrack(a),
+        LaunchFailed: lambda self, a: self.launch_failed(a),
+        AbandonStart: lambda self, a: self.abandon_start(a),
+        NoteDetected: lambda self, a: self.node.detected_at.setdefault((a.cohort, a.generation), a.when),
+        NoteFailure: lambda self, a: self.know(a.cohort, a.failure),
+        MarkHealthy: lambda self, a: self.mark_healthy(a),
+        ProbeLeader: lambda self, a: self.probe_leader(a),
+        NoteProgress: lambda self, a: self.note_progress(a),
+        Fence: lambda self, a: self.fence(a),
+        ClearFence: lambda self, a: self.fence(a),
+        SetGeneration: lambda self, a: self.set_generation(a),
+        ReportInvalid: lambda self, a: self.report_invalid(a),
+        ReportGmsLost: lambda self, a: self.report_gms_lost(a),
+    }
+
+    def perform(self, action: Action) -> None:
+        """Perform one action: by its handler in NODE_ACTIONS, else as the driver's (perform_driver)."""
+        handler = self.NODE_ACTIONS.get(type(action))
+        if handler is None:
             self.perform_driver(action)
+        else:
+            handler(self, action)
+
+    def wake_at(self, action: WakeAt) -> None:
+        if action.full:
+            self.schedule.next_reconcile = min(self.schedule.next_reconcile, action.mono)
+        else:
+            self.schedule.next_check = min(self.schedule.next_check, action.mono)
+
+    def finish_terminating(self, action: FinishTeardown) -> None:
+        """A terminating rank's cgroup is empty: its teardown is finished (if it is still terminating)."""
+        teardown = self.node.terminating.pop(action.cohort, None)
+        if teardown is not None:
+            self.finish_teardown(teardown.rank, teardown.since)
+
+    def untrack(self, action: Untrack) -> None:
+        if action.rank.pidfd is not None:
+            os.close(action.rank.pidfd)
+
+    def launch_failed(self, action: LaunchFailed) -> None:
+        self.node.starting.pop(action.cohort, None)
+        status = systemctl("status", "--no-pager", "-n", "5", self.plan.unit_name("engine", action.cohort))
+        self.events.write("launch-failed", action.cohort, action.generation, failure=action.failure,
+                          status=status.stdout.strip()[-400:])
+
+    def abandon_start(self, action: AbandonStart) -> None:
+        start = self.node.starting.pop(action.cohort, None)
+        if start is not None and start.requested is not None:
+            start.requested.wait(LAUNCH_ASK_S)  # the stop comes after the start job, never before it
+        systemctl("stop", self.plan.unit_name("engine", action.cohort))
+        self.events.write("launch-abandoned", action.cohort, action.generation,
+                          slot_generation=action.slot_generation, slot_state=action.slot_state)
+
+    def mark_healthy(self, action: MarkHealthy) -> None:
+        rank = self.node.ranks.get(action.cohort)
+        if rank is not None:
+            rank.healthy_at = action.at
+
+    def note_progress(self, action: NoteProgress) -> None:
+        rank = self.node.ranks.get(action.cohort)
+        if rank is not None:
+            rank.progress, rank.progress_at = action.observation, action.at
+
+    def set_generation(self, action: SetGeneration) -> None:
+        rank = self.node.ranks.get(action.cohort)
+        if rank is not None:
+            rank.generation = action.generation
+            self.events.write("rank-adopted", action.cohort, action.generation, pid=rank.pid)
+
+    def report_invalid(self, action: ReportInvalid) -> None:
+        self.node.reported_invalid.add((action.key, action.revision))
+        self.metrics.count("records_invalid_total")
+        self.events.write("record-invalid", key=action.key, revision=action.revision, why=action.why,
+                          detail="written by a newer shadowline: upgrade this agent" if action.newer
+                          else "ignored: the agent acts on nothing in it")
+
+    def report_gms_lost(self, action: ReportGmsLost) -> None:
+        try:
+            self.etcd.put(self.coord.keys.gms_lost(self.host), json.dumps({"time": action.when}))
+        except EtcdError as err:
+            self.events.write("gms-lost-unreported", error=str(err))
 
     # --- a node's ranks ----------------------------------------------------------------------------------------
     def know(self, cohort: int, failure: KnownFailure) -> None:
@@ -463,112 +481,154 @@ class Executor:
         self.events.write("rank-launched", rank.cohort, rank.generation, pid=rank.pid)
 
     # --- the driver ----------------------------------------------------------------------------------------------
-    def perform_driver(self, action: Action) -> None:  # noqa: C901, PLR0912, PLR0915 (one branch per kind of action, flat)
+    # One handler per kind of action only the driver performs, each an executor method or one call, given the
+    # driver's memory too.
+    DRIVER_ACTIONS: ClassVar[dict[type, Callable[[Executor, Any, DriverMemory], object]]] = {
+        SwapSlot: lambda self, a, driver: self.swap(a, driver),
+        NoteMixed: lambda self, a, driver: driver.mixed.add((a.cohort, a.generation)),
+        RevokeRegistration: lambda self, a, driver: self.revoke(a, driver),
+        DeferRevocation: lambda self, a, driver: self.defer_revocation(a, driver),
+        ObserveTeardown: lambda self, a, driver: self.metrics.observe("teardown_seconds", a.seconds),
+        NoteLaunched: lambda self, a, driver: driver.launched_at.setdefault((a.cohort, a.generation), a.when),
+        SetServing: lambda self, a, driver: self.set_serving(a, driver),
+        CreateSlot: lambda self, a, driver: self.create_slot(a, driver),
+        SetHolder: lambda self, a, driver: self.set_holder(a, driver),
+        BeginPromotion: lambda self, a, driver: self.begin_promotion(a, driver),
+        TakeBridge: lambda self, a, driver: self.take_bridge(a, driver),
+        ReleaseBridge: lambda self, a, driver: self.release_bridge(driver),
+        NoteLockReplaced: lambda self, a, driver: self.note_lock_replaced(a, driver),
+        ExtendPromotion: lambda self, a, driver: self.extend_promotion(a, driver),
+        PromotionActive: lambda self, a, driver: self.promotion_active(a, driver),
+        PromotionRegistered: lambda self, a, driver: self.promotion_registered(a, driver),
+        ProbePromotion: lambda self, a, driver: self.probe_promotion(driver),
+        LookAtPromotion: lambda self, a, driver: self.look_at_promotion(driver),
+        EndPromotion: lambda self, a, driver: self.end_promotion(a, driver),
+        RecordActive: lambda self, a, driver: self.record_active(a),
+        AgentsSeen: lambda self, a, driver: self.note_agents_seen(a, driver),
+        AgentLost: lambda self, a, driver: self.agent_lost(a, driver),
+        AgentBack: lambda self, a, driver: driver.agents_lost.pop(a.node, None),
+        ProbeServing: lambda self, a, driver: self.probe_serving(a, driver),
+        SendCanary: lambda self, a, driver: self.send_canary(a, driver),
+        EndCanary: lambda self, a, driver: self.end_canary(driver),
+        NoteFences: lambda self, a, driver: self.note_fences(a, driver),
+        RefreshLeases: lambda self, a, driver: self.refresh_leases(a.outage_s),
+        ClearGmsLost: lambda self, a, driver: self.clear_gms_lost(a),
+    }
+
+    def perform_driver(self, action: Action) -> None:
+        """Perform one of the driver's actions by its handler in DRIVER_ACTIONS, with the driver's memory."""
+        handler = self.DRIVER_ACTIONS.get(type(action))
+        if handler is None:
+            elsewhere = ("it is a node's action (Executor.perform)" if type(action) in self.NODE_ACTIONS
+                         else "nor in Executor.NODE_ACTIONS")
+            raise TypeError(f"no executor for {action!r}: {type(action).__name__} is not in "
+                            f"Executor.DRIVER_ACTIONS, {elsewhere}")
         driver = self.driver
         if driver is None:
             raise AssertionError(f"{type(action).__name__} is a driver's action; this agent is no driver")
-        if isinstance(action, SwapSlot):
-            self.swap(action, driver)
-        elif isinstance(action, NoteMixed):
-            driver.mixed.add((action.cohort, action.generation))
-        elif isinstance(action, RevokeRegistration):
-            self.revoke(action, driver)
-        elif isinstance(action, DeferRevocation):
-            driver.unrevoked[(action.cohort, action.generation)] = action.since
-        elif isinstance(action, ObserveTeardown):
-            self.metrics.observe("teardown_seconds", action.seconds)
-        elif isinstance(action, NoteLaunched):
-            driver.launched_at.setdefault((action.cohort, action.generation), action.when)
-        elif isinstance(action, SetServing):
-            driver.adopted = True
-            if driver.serving is None:
-                driver.serving = action.cohort
-        elif isinstance(action, CreateSlot):
+        handler(self, action, driver)
+
+    def defer_revocation(self, action: DeferRevocation, driver: DriverMemory) -> None:
+        driver.unrevoked[(action.cohort, action.generation)] = action.since
+
+    def set_serving(self, action: SetServing, driver: DriverMemory) -> None:
+        driver.adopted = True
+        if driver.serving is None:
+            driver.serving = action.cohort
+
+    def create_slot(self, action: CreateSlot, driver: DriverMemory) -> None:
+        try:
+            if self.coord.create_slot(action.slot):
+                self.events.write("slot-created", action.slot.cohort, action.slot.generation,
+                                  state=action.slot.state)
+        except EtcdError:
+            driver.adopted = False  # the next view tries again
+
+    def set_holder(self, action: SetHolder, driver: DriverMemory) -> None:
+        if driver.holder is not None:
+            driver.last_holder = driver.holder
+        driver.holder = action.holder
+
+    def begin_promotion(self, action: BeginPromotion, driver: DriverMemory) -> None:
+        driver.promotion = action.promotion
+
+    def take_bridge(self, action: TakeBridge, driver: DriverMemory) -> None:
+        driver.bridge = try_acquire(self.plan.lock_path, action.engine_id)
+        if driver.bridge is not None:  # the engines' user must open it, as the file it replaces
+            directory = os.stat(os.path.dirname(self.plan.lock_path))
+            os.fchown(driver.bridge.fd, directory.st_uid, directory.st_gid)
+            self.events.write("lock-bridged", detail=f"the driver holds {self.plan.lock_path} for engine-"
+                                                     f"{action.engine_id} until that engine lets its lock go")
+
+    def release_bridge(self, driver: DriverMemory) -> None:
+        if driver.bridge is not None:
+            driver.bridge.release()
+        driver.bridge = None
+        driver.lock_replaced_at = None
+
+    def note_lock_replaced(self, action: NoteLockReplaced, driver: DriverMemory) -> None:
+        driver.lock_replaced_at = action.when
+
+    def extend_promotion(self, action: ExtendPromotion, driver: DriverMemory) -> None:
+        if driver.promotion is not None:
+            driver.promotion.wake_deadline += action.seconds
+            driver.promotion.deadline += action.seconds
+
+    def promotion_active(self, action: PromotionActive, driver: DriverMemory) -> None:
+        if driver.promotion is not None:
+            driver.promotion.active_at = action.at
+
+    def promotion_registered(self, action: PromotionRegistered, driver: DriverMemory) -> None:
+        p = driver.promotion
+        if p is not None:
+            p.leases, p.registered_at = list(action.leases), action.at
+            driver.registered[(p.cohort, p.generation)] = list(action.leases)
+
+    def probe_promotion(self, driver: DriverMemory) -> None:
+        p = driver.promotion
+        if p is not None:
+            p.probing = True
+            self.probe("promotion", p.cohort, p.generation)
+
+    def end_promotion(self, action: EndPromotion, driver: DriverMemory) -> None:
+        if action.promoted and driver.promotion is not None:
+            driver.serving = driver.promotion.cohort
+        driver.promotion = None
+        if action.count:
+            self.metrics.count(action.count)
+
+    def record_active(self, action: RecordActive) -> None:
+        try:
+            self.coord.record_active(action.cohort, action.generation)
+        except EtcdError as err:
+            self.events.write("record-active-error", action.cohort, action.generation, error=str(err))
+        if action.promote_s is not None:
+            self.metrics.observe("promotion_seconds", action.promote_s)
+
+    def note_agents_seen(self, action: AgentsSeen, driver: DriverMemory) -> None:
+        driver.agents_seen |= action.nodes
+
+    def agent_lost(self, action: AgentLost, driver: DriverMemory) -> None:
+        driver.agents_lost[action.node] = action.at
+        driver.serving_ok_at = action.at
+        self.metrics.count("agents_lost_total")
+
+    def probe_serving(self, action: ProbeServing, driver: DriverMemory) -> None:
+        driver.next_serving_probe = action.next_at
+        self.probe("serving")
+
+    def end_canary(self, driver: DriverMemory) -> None:
+        driver.canary = None
+
+    def note_fences(self, action: NoteFences, driver: DriverMemory) -> None:
+        driver.fences_reported = set(action.nodes)
+
+    def clear_gms_lost(self, action: ClearGmsLost) -> None:
+        for key in action.keys:
             try:
-                if self.coord.create_slot(action.slot):
-                    self.events.write("slot-created", action.slot.cohort, action.slot.generation,
-                                      state=action.slot.state)
+                self.etcd.delete(key)
             except EtcdError:
-                driver.adopted = False  # the next view tries again
-        elif isinstance(action, SetHolder):
-            if driver.holder is not None:
-                driver.last_holder = driver.holder
-            driver.holder = action.holder
-        elif isinstance(action, BeginPromotion):
-            driver.promotion = action.promotion
-        elif isinstance(action, TakeBridge):
-            driver.bridge = try_acquire(self.plan.lock_path, action.engine_id)
-            if driver.bridge is not None:  # the engines' user must open it, as the file it replaces
-                directory = os.stat(os.path.dirname(self.plan.lock_path))
-                os.fchown(driver.bridge.fd, directory.st_uid, directory.st_gid)
-                self.events.write("lock-bridged", detail=f"the driver holds {self.plan.lock_path} for engine-"
-                                                         f"{action.engine_id} until that engine lets its lock go")
-        elif isinstance(action, ReleaseBridge):
-            if driver.bridge is not None:
-                driver.bridge.release()
-            driver.bridge = None
-            driver.lock_replaced_at = None
-        elif isinstance(action, NoteLockReplaced):
-            driver.lock_replaced_at = action.when
-        elif isinstance(action, ExtendPromotion):
-            if driver.promotion is not None:
-                driver.promotion.wake_deadline += action.seconds
-                driver.promotion.deadline += action.seconds
-        elif isinstance(action, PromotionActive):
-            if driver.promotion is not None:
-                driver.promotion.active_at = action.at
-        elif isinstance(action, PromotionRegistered):
-            p = driver.promotion
-            if p is not None:
-                p.leases, p.registered_at = list(action.leases), action.at
-                driver.registered[(p.cohort, p.generation)] = list(action.leases)
-        elif isinstance(action, ProbePromotion):
-            p = driver.promotion
-            if p is not None:
-                p.probing = True
-                self.probe("promotion", p.cohort, p.generation)
-        elif isinstance(action, LookAtPromotion):
-            self.look_at_promotion(driver)
-        elif isinstance(action, EndPromotion):
-            if action.promoted and driver.promotion is not None:
-                driver.serving = driver.promotion.cohort
-            driver.promotion = None
-            if action.count:
-                self.metrics.count(action.count)
-        elif isinstance(action, RecordActive):
-            try:
-                self.coord.record_active(action.cohort, action.generation)
-            except EtcdError as err:
-                self.events.write("record-active-error", action.cohort, action.generation, error=str(err))
-            if action.promote_s is not None:
-                self.metrics.observe("promotion_seconds", action.promote_s)
-        elif isinstance(action, AgentsSeen):
-            driver.agents_seen |= action.nodes
-        elif isinstance(action, AgentLost):
-            driver.agents_lost[action.node] = action.at
-            driver.serving_ok_at = action.at
-            self.metrics.count("agents_lost_total")
-        elif isinstance(action, AgentBack):
-            driver.agents_lost.pop(action.node, None)
-        elif isinstance(action, ProbeServing):
-            driver.next_serving_probe = action.next_at
-            self.probe("serving")
-        elif isinstance(action, SendCanary):
-            self.send_canary(action, driver)
-        elif isinstance(action, EndCanary):
-            driver.canary = None
-        elif isinstance(action, NoteFences):
-            driver.fences_reported = set(action.nodes)
-        elif isinstance(action, RefreshLeases):
-            self.refresh_leases(action.outage_s)
-        elif isinstance(action, ClearGmsLost):
-            for key in action.keys:
-                try:
-                    self.etcd.delete(key)
-                except EtcdError:
-                    pass  # seen again next pass: the republish decision is idempotent
-        else:
-            raise TypeError(f"no executor for {action!r}")
+                pass  # seen again next pass: the republish decision is idempotent
 
     def refresh_leases(self, outage_s: float) -> None:
         """Renew every discovery lease once; a lease that is gone, or etcd away again, is left to its owner."""
