@@ -26,7 +26,6 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,33 +36,11 @@ from types import ModuleType
 from typing import Callable
 
 from . import console
+from .ansible_runner import CHECKOUT, PROG, ansible_env, ansible_tool, failure_of, in_checkout, messages, run_playbook
+from .completion import bash_completion, zsh_completion
 from .deployment.plan import Plan
 
-PROG = "shadowline"
-CHECKOUT = Path(__file__).resolve().parents[3]  # plugins/module_utils/shadowline/cli.py in a checkout
-
-
 # -- Ansible, when a subcommand reads an inventory ------------------------------------------------------------ #
-
-def in_checkout() -> bool:
-    return (CHECKOUT / "galaxy.yml").exists() and (CHECKOUT / "ansible.cfg").exists()
-
-
-def ansible_tool(name: str) -> str:
-    beside = Path(sys.executable).parent / name
-    found = str(beside) if beside.exists() else shutil.which(name)
-    if not found:
-        raise SystemExit(f"{PROG}: {name} is not installed (pip install ansible-core, and the shadowline.gms "
-                         "collection, or run it from a shadowline checkout after `make setup`)")
-    return found
-
-
-def ansible_env() -> dict[str, str]:
-    env = {**os.environ, "ANSIBLE_NOCOLOR": "1"}
-    if in_checkout() and "ANSIBLE_CONFIG" not in os.environ:
-        env["ANSIBLE_CONFIG"] = str(CHECKOUT / "ansible.cfg")
-    return env
-
 
 def plan_of(inventory: str) -> dict:
     """The plan as shadowline.gms.cohort_plan computes it: Ansible templates the inventory, no host is contacted.
@@ -297,35 +274,6 @@ def run_failover(command: str, inventory: str, extra: dict, said: str, check: bo
     return 0
 
 
-def run_playbook(name: str, inventory: str, extra: dict | None = None, check: bool = False, verbose: bool = False
-                 ) -> subprocess.CompletedProcess[str]:
-    """playbooks/<name>.yml (in a checkout; installed: shadowline.gms.<name>), its output captured, results as
-    JSON (what ``messages`` reads)."""
-    playbook = str(CHECKOUT / "playbooks" / f"{name}.yml") if in_checkout() else f"shadowline.gms.{name}"
-    argv = [ansible_tool("ansible-playbook"), "-i", inventory, playbook]
-    if extra:
-        argv += ["-e", json.dumps(extra)]
-    if check:
-        argv += ["--check", "--diff"]
-    if verbose:
-        argv.append("-v")
-    env = {**ansible_env(), "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
-    return subprocess.run(argv, cwd=CHECKOUT if in_checkout() else None, env=env, capture_output=True, text=True,
-                          check=False)
-
-
-def messages(output: str, start: str) -> list[str]:
-    """The ``msg`` values of a playbook's results (JSON format) that start with the pattern ``start``."""
-    return [json.loads(f'"{m}"') for m in re.findall(rf'"msg": "((?:{start})(?:[^"\\]|\\.)*)"', output)]
-
-
-def failure_of(output: str) -> str | None:
-    """The message of a playbook's last failed task, if it said one."""
-    at = output.rfind("FAILED! =>")
-    found = re.search(r'"msg": "((?:[^"\\]|\\.)*)"', output[at:]) if at >= 0 else None
-    return json.loads(f'"{found.group(1)}"') if found else None
-
-
 def cmd_history(args: argparse.Namespace) -> int:
     """history: the agents' events (every node's, through playbooks/history.yml, or files here) or drill reports,
     in time order."""
@@ -333,7 +281,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     option = "-i" if args.inventory else "--events" if args.events else "--reports"
     try:
         if args.reports:
-            return show_reports(history, Path(args.reports), args)
+            return show_reports(Path(args.reports), args)
         events = history.read_events_at(Path(args.events)) if args.events else node_events(history, args)
     except history.HistoryError as err:
         raise SystemExit(f"{PROG} history {option}: {err}") from None
@@ -363,10 +311,11 @@ def node_events(history: ModuleType, args: argparse.Namespace) -> list[dict]:
     return events
 
 
-def show_reports(history: ModuleType, path: Path, args: argparse.Namespace) -> int:
+def show_reports(path: Path, args: argparse.Namespace) -> int:
     """The drill reports of ``path`` (a file or a directory), one line each; JSON files that are not reports are
     named on stderr and left out."""
-    records, left_out = history.reports_at(path)
+    from .drill.report_list import report_lines, reports_at
+    records, left_out = reports_at(path)
     for name in left_out:
         console.err(f"{PROG} history --reports: {name} is not a drill report, left out")
     records = [r for r in records if args.since is None or (r["injected_at"] or 0) >= args.since]
@@ -374,7 +323,7 @@ def show_reports(history: ModuleType, path: Path, args: argparse.Namespace) -> i
     if args.output == "json":
         console.out(json.dumps(records, indent=2))
     else:
-        for line in history.report_lines(records):
+        for line in report_lines(records):
             console.out(line)
     return 0
 
@@ -484,100 +433,6 @@ def cmd_completion(args: argparse.Namespace) -> int:
     script = zsh_completion if args.shell == "zsh" else bash_completion
     console.out(script(build_parser()))
     return 0
-
-
-def _words(parser: argparse.ArgumentParser) -> tuple[list[str], dict[str, list[str]], list[str]]:
-    """What a (sub)command completes: every option, the options that take one of a few values (option -> values),
-    and the values of a positional with choices. Both shells' scripts are written from it."""
-    every = sorted(o for action in parser._actions for o in action.option_strings)
-    options: dict[str, list[str]] = {}
-    positional: list[str] = []
-    for action in parser._actions:
-        if action.choices and not isinstance(action, argparse._SubParsersAction):
-            if action.option_strings:
-                options.update({o: [str(c) for c in action.choices] for o in action.option_strings})
-            else:
-                positional += [str(c) for c in action.choices]
-    return every, options, positional
-
-
-def bash_completion(parser: argparse.ArgumentParser) -> str:
-    """A bash completion function from the parser itself: subcommands, then each one's options and files."""
-    subcommands = _subparsers(parser)
-    cases = []
-    for name, sub in subcommands.items():
-        options, valued, positional = _words(sub)
-        body = [f'opts="{" ".join(options)}"'] + ([f'words="{" ".join(positional)}"'] if positional else [])
-        body += [f'[[ "$prev" == {o} ]] && {{ COMPREPLY=($(compgen -W "{" ".join(v)}" -- "$cur")); return; }}'
-                 for o, v in sorted(valued.items())]
-        cases.append(f'    {name}) {"; ".join(body)} ;;')
-    return "\n".join([
-        "# bash completion for shadowline: eval \"$(shadowline completion bash)\"",
-        "_shadowline() {",
-        '  local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" opts words=""',
-        "  if [ \"$COMP_CWORD\" -eq 1 ]; then",
-        f'    COMPREPLY=($(compgen -W "{" ".join(subcommands)} --help --version" -- "$cur")); return',
-        "  fi",
-        '  case "${COMP_WORDS[1]}" in',
-        *cases,
-        "    *) opts=\"\" ;;",
-        "  esac",
-        '  if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "$opts" -- "$cur"));',
-        '  elif [ -n "$words" ]; then COMPREPLY=($(compgen -W "$words" -- "$cur"));',
-        '  else COMPREPLY=($(compgen -f -- "$cur")); fi',
-        "}",
-        "complete -o filenames -F _shadowline shadowline",
-    ])
-
-
-def zsh_completion(parser: argparse.ArgumentParser) -> str:
-    """A zsh completion function from the parser itself: subcommands with their summaries, then each one's options,
-    the values of an option or argument that has choices, and files."""
-    subcommands = _subparsers(parser)
-    summaries = {a.dest: a.help for a in _subparsers_action(parser)._choices_actions}
-    described = " ".join(_zsh_word(f"{name}:{summaries.get(name) or name}") for name in subcommands)
-    cases = []
-    for name, sub in subcommands.items():
-        options, valued, positional = _words(sub)
-        body = [f"opts=({' '.join(options)})"] + ([f"words_of=({' '.join(positional)})"] if positional else [])  # not words:
-        body += [f"[[ $prev == {o} ]] && {{ compadd -- {' '.join(v)}; return; }}"  # zsh's own array
-                 for o, v in sorted(valued.items())]
-        cases.append(f"    ({name}) {'; '.join(body)} ;;")
-    return "\n".join([
-        "#compdef shadowline",
-        "# zsh completion for shadowline: after compinit, eval \"$(shadowline completion zsh)\"; or save it as",
-        "# _shadowline in a directory of $fpath.",
-        "_shadowline() {",
-        "  local prev=${words[CURRENT-1]}",
-        "  local -a subcommands opts words_of",
-        f"  subcommands=({described})",
-        "  if (( CURRENT == 2 )); then",
-        "    if [[ $PREFIX == -* ]]; then compadd -- --help --version; else _describe -t commands command subcommands; fi",
-        "    return",
-        "  fi",
-        "  case ${words[2]} in",
-        *cases,
-        "    (*) opts=() ;;",
-        "  esac",
-        "  if [[ $PREFIX == -* ]]; then compadd -- $opts",
-        "  elif (( ${#words_of} )); then compadd -- $words_of",
-        "  else _files; fi",
-        "}",
-        "if (( $+functions[compdef] )); then compdef _shadowline shadowline; fi",
-    ])
-
-
-def _zsh_word(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"
-
-
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    action = _subparsers_action(parser)
-    return dict(action.choices) if action else {}
-
-
-def _subparsers_action(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
-    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
 
 
 # -- the parser ----------------------------------------------------------------------------------------------- #
