@@ -79,3 +79,13 @@ def test_node_and_driver_actions_reach_their_handlers(tmp_path: Path):
     assert (ex.schedule.next_check, ex.schedule.next_reconcile) == (0.0, 7.0)  # min(0.0, 5.0): the check is due
     assert driver.mixed == {(0, 1)}
     assert '"dispatch-test"' in (tmp_path / "events.jsonl").read_text()
+
+
+def test_the_action_union_names_every_action_class():
+    """control/actions.py's Action (the type the decisions return) lists every action class it defines."""
+    from typing import get_args
+
+    from shadowline.control import actions
+
+    defined = {c for c in vars(actions).values() if isinstance(c, type) and c.__module__ == actions.__name__}
+    assert set(get_args(actions.Action)) == defined

@@ -405,4 +405,4 @@ Action = Union[Record, ReportFault, WakeAt, Declare, TearDown, FinishTeardown, K
                ObserveTeardown, NoteLaunched, SetHolder, SetServing, CreateSlot, BeginPromotion, ExtendPromotion, TakeBridge, ReleaseBridge,
                NoteLockReplaced, PromotionActive, PromotionRegistered,
                LookAtPromotion, ProbePromotion, EndPromotion, RecordActive, AgentsSeen, AgentLost, AgentBack, ProbeServing, SendCanary, EndCanary,
-               RefreshLeases, NoteFences, ClearGmsLost]
+               RefreshLeases, NoteFences, ClearGmsLost, NoteMixed, PublishRank]
