@@ -19,6 +19,9 @@ two shadows. The tests run in file order and build on each other (one deployment
    site.yml, after teardown.yml and after teardown.yml -e teardown_models=true (which removes the staged model,
    and only it).
 
+Every playbook here connects as a non-root SSH user with sudo rights and ``ansible_become: true`` (host_vars, for
+this file only), as on a site that forbids root logins; preflight without become refuses it by name.
+
 Only real outcomes are asserted: the PLAY RECAP, HTTP answers from the frontend, and, inside the hosts,
 ``systemctl``, ``ss -ltnp``, ``ps`` and ``/proc``. The durations of the first converge and of the second run are
 printed (docs/roles.md quotes them).
@@ -94,6 +97,7 @@ class Site:
         self.baseline_listeners: dict[str, list[tuple[str, str]]] = {}
         self.first: PlaybookRun | None = None
         self.plans: dict[tuple[str, ...], dict[str, Any]] = {}
+        self.since = int(time.time())  # this file's SSH logins are the ones after this
 
     def plan(self, *extra_vars: str) -> dict[str, Any]:
         """The cohort plan of the inventory with ``-e gms_cohorts=3`` and these extra variables."""
@@ -131,11 +135,35 @@ USER_DIRS = ["/srv/sl-victim", "/srv/sl-models", "/srv/sl-keep"]
 
 
 def user_paths() -> dict[str, Any]:
-    """host_vars of every node: the testbed's gms_model with a local_dir of the user's, and gms_socket_dir and
-    gms_lock_path of the user's."""
+    """host_vars of every node: the testbed's gms_model with a local_dir of the user's, gms_socket_dir and
+    gms_lock_path of the user's, and the SSH user: not root but OPERATOR, with become."""
     model = yaml.safe_load((REPO / "inventories" / "testbed" / "group_vars" / "gms_nodes.yml").read_text())["gms_model"]
     return {"gms_socket_dir": USER_SOCKET_DIR, "gms_lock_path": f"{USER_SOCKET_DIR}/failover.lock",
-            "gms_model": {**model, "local_dir": f"{USER_MODEL_PARENT}/{model['revision']}"}}
+            "gms_model": {**model, "local_dir": f"{USER_MODEL_PARENT}/{model['revision']}"},
+            "ansible_user": OPERATOR, "ansible_become": True}
+
+
+# -- a non-root SSH user with sudo rights (issue #42) ---------------------------------------------------------- #
+
+# Every playbook of this file runs as this user with ansible_become (sudo), as on a site that forbids root logins:
+# the converge from nothing, the second run, check mode, the shadow and TLS changes, the drills and the teardown.
+OPERATOR = "slops"
+
+
+def add_operator() -> None:
+    """OPERATOR on every host: a login shell, the testbed's key, sudo without a password (only this file's)."""
+    for host in HOSTS:
+        host_sh(host, f"set -e; id {OPERATOR} >/dev/null 2>&1 || useradd --create-home --shell /bin/bash {OPERATOR}; "
+                      f"install -d -m 0700 -o {OPERATOR} -g {OPERATOR} /home/{OPERATOR}/.ssh; "
+                      f"install -m 0600 -o {OPERATOR} -g {OPERATOR} /root/.ssh/authorized_keys "
+                      f"/home/{OPERATOR}/.ssh/authorized_keys; "
+                      f"echo '{OPERATOR} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/{OPERATOR}; "
+                      f"chmod 0440 /etc/sudoers.d/{OPERATOR}")
+
+
+def remove_operator() -> None:
+    for host in HOSTS:
+        host_rc(host, f"rm -f /etc/sudoers.d/{OPERATOR}; pkill -u {OPERATOR}; userdel --remove {OPERATOR}")
 
 
 HOST_VARS = SITE_INVENTORY / "host_vars"
@@ -169,10 +197,12 @@ def site(site_testbed: Any, site_runtime: Path, tmp_path_factory: pytest.TempPat
     for host in HOSTS:
         (HOST_VARS / f"{host}.yml").write_text(yaml.safe_dump(user_paths()))
     plant_sentinels()
+    add_operator()
     try:
         yield state
     finally:
-        forget_user_paths()  # the other files on this testbed deploy with the default paths
+        forget_user_paths()  # the other files on this testbed deploy with the default paths, as root
+        remove_operator()
         for host in HOSTS:
             host_rc(host, f"rm -rf {' '.join(USER_DIRS)} {' '.join(SENTINELS)}")
     if state.timings:
@@ -268,6 +298,38 @@ def test_status_table(site: Site) -> None:
 
 
 # -- 2. every unit passes systemd-analyze verify ------------------------------------------------------------- #
+
+def test_the_converge_ran_as_a_non_root_user_with_become_and_preflight_refuses_it_without(site: Site) -> None:
+    """site.yml above connected as OPERATOR (sshd's own log says so) and became root; without become, preflight
+    refuses every node by name before anything changes."""
+    site.need("converged")
+    for host in HOSTS:
+        accepted = host_sh(host, f"journalctl --no-pager -q -t sshd --since @{site.since} -o cat | "
+                                 "awk '/^Accepted publickey for /{print $4}' | sort -u")
+        assert accepted.split() == [OPERATOR], f"{host}: sshd accepted {accepted.split()}"
+    run = run_playbook("preflight.yml", "-e", f"gms_cohorts={COHORTS}", "-e", "ansible_become=false",
+                       log_name="site-preflight-without-become")
+    assert run.returncode != 0, "preflight passed without become as a non-root user"
+    for host in HOSTS:
+        assert f"ansible_become (host {host}): the modules run as {OPERATOR} (uid " in run.output, run.tail()
+
+
+def test_the_shadowline_command_on_a_node(site: Site) -> None:
+    """The operator's command on every node: --help, and the node's own rows from its plan.json without Ansible
+    (exit 0: every rank there is as it should be). This testbed's environment is the checkout's (python_env_mode
+    external), so it is the module; in venv and container modes python_env installs <venv>/bin/shadowline beside
+    the agent's Python (its molecule scenario runs that one)."""
+    site.need("converged")
+    plan = site.plan()
+    command = f"{plan['python']} -m shadowline.cli"
+    for host in HOSTS:
+        assert "status" in host_sh(host, f"{command} --help"), host
+        rc, said = host_rc(host, f"{command} status --plan /etc/shadowline/{DEPLOYMENT}/plan.json --host {host} "
+                                 "-o json 2>&1")
+        assert rc == 0, f"{host}: {said}"
+        ranks = json.loads(said)["ranks"]
+        assert sorted(int(r["cohort"]) for r in ranks) == list(range(COHORTS)), f"{host}: {ranks}"
+
 
 def test_units_pass_systemd_analyze_verify(site: Site) -> None:
     """Every unit file of the deployment, and every engine instance (the template with that cohort's drop-in:
