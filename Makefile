@@ -75,7 +75,7 @@ demo: runtime ## run the main job on the embedded default (root: boots a 2-host 
 	scripts/demo
 
 test: runtime ## run the whole suite (unit, testbed, end-to-end, molecule, lint, build, ansible-test sanity)
-	$(BIN)/pytest -q --durations=20 tests
+	scripts/test-suite
 	$(MAKE) --no-print-directory lint build sanity
 
 lint: setup ## ansible-lint (production profile) and a Python byte-compile check
