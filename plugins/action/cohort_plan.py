@@ -12,7 +12,7 @@ from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployme
     missing_group_problem,
     parse_contract,
 )
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import checked_plan
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan_builder import checked_plan
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.problems import (
     Problem,
     format_problems,

@@ -31,7 +31,8 @@ for _path in (str(REPO), str(LIB)):
 
 from shadowline.control.waits import poll
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import Plan, Process, build_plan
+from shadowline.deployment.plan import Plan, Process
+from shadowline.deployment.plan_builder import build_plan
 from testbed.instances import load_testbed  # launch.load_testbed: tests/e2e/test_drills.py uses it
 
 RUNTIME_PY = REPO / ".runtime" / "bin" / "python"

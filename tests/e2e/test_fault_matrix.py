@@ -584,7 +584,7 @@ def test_row14b_one_etcd_member_of_three_stopped_during_a_kill_leader(deployment
                                                                       request: pytest.FixtureRequest) -> None:
     """The 3-host infra layout (gms_infra: node0..2, three etcd members): one member stopped, then a kill-leader:
     agents stay up, the failover completes as usual, nothing else is declared. The member stopped is node2's,
-    which no cohort's engines use (cohort c uses member c: Dynamo 1.6.1 takes one, deployment/plan.py); the
+    which no cohort's engines use (cohort c uses member c: Dynamo 1.6.1 takes one, deployment/plan_builder.py); the
     agents use all three. Last: it redeploys the testbed."""
     infra = tmp_path / "infra.yml"
     infra.write_text("gms_infra:\n  hosts:\n    node0: {}\n    node1: {}\n    node2: {}\n")

@@ -36,7 +36,7 @@ def loopback_plan(model_id: str, model_dir: str, cohorts: int = 2, backend: str 
                   etcd: str | None = None, **extra) -> Plan:
     """The cohort plan of a one-node deployment on 127.0.0.1 with free system ports (etcd: the loopback one)."""
     from shadowline.deployment.contract import parse_contract
-    from shadowline.deployment.plan import build_plan
+    from shadowline.deployment.plan_builder import build_plan
 
     base = free_port_run(cohorts, high=23000)  # below the etcd proxy's 23790..23792 (the plan refuses a collision)
     values = {

@@ -58,7 +58,7 @@ from shadowline.control.policy import HangPolicy
 from shadowline.control.progress import Observation, ProgressSample
 from shadowline.control.view import Active, DeploymentView, Invalid, Now, SlotEntry
 from shadowline.control.xid_table import NODE_SERVICE, NONE, RESTART_APP
-from shadowline.deployment.contract import Failover
+from shadowline.deployment.settings import Failover
 
 FAILOVER = Failover(health_timeout_s=3.0, term_grace_s=0.0, planned_grace_s=5.0,
                     agent_lease_ttl_s=3, relaunch_backoff_s=1.0, relaunch_backoff_max_s=30.0,
@@ -326,7 +326,7 @@ def test_a_leader_that_never_answers_costs_a_probe_thread_not_the_loop():
 
     from shadowline.control.observe import probe_leader
     from shadowline.deployment.contract import parse_contract
-    from shadowline.deployment.plan import build_plan
+    from shadowline.deployment.plan_builder import build_plan
 
     from .helpers import hostvars
 

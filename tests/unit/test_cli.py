@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import build_plan
+from shadowline.deployment.plan_builder import build_plan
 from shadowline.drill.report import compute_report
 
 from .helpers import hostvars

@@ -14,7 +14,8 @@ import pytest
 from shadowline.deployment import units
 from shadowline.deployment.container import container_name, runtime_check_argv
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import Plan, build_plan
+from shadowline.deployment.plan import Plan
+from shadowline.deployment.plan_builder import build_plan
 
 from .helpers import hostvars
 

@@ -317,7 +317,7 @@ def test_wheel_file_names_give_their_project():
 def test_the_running_model_is_read_from_the_plan_the_agents_follow(tmp_path):
     """node_facts.running_model: the revision, directory, TP size and weight bytes of the plan.json on a node."""
     from shadowline.deployment.node_facts import MANIFEST_NAME, running_model, running_plan
-    from shadowline.deployment.plan import build_plan
+    from shadowline.deployment.plan_builder import build_plan
 
     assert running_model(running_plan(str(tmp_path))) is None  # before a first deployment
     hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 2})
@@ -338,7 +338,7 @@ def test_gms_insecure_is_not_switched_on_a_running_deployment(tmp_path, monkeypa
     on the testbed the plain frontend then exited at every start ("etcdserver: user name is empty"). Refused by
     preflight, naming the field and the way (teardown first); the same setting again, or a first deployment, pass."""
     from shadowline.deployment.node_facts import gather
-    from shadowline.deployment.plan import build_plan
+    from shadowline.deployment.plan_builder import build_plan
 
     assert preflight(facts(running_secure=True)) == []  # secure by default, as it runs
     (msg,) = preflight(facts(running_secure=True), gms_insecure=True)

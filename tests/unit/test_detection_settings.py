@@ -9,8 +9,10 @@ import dataclasses
 import pytest
 
 from shadowline.backends import backend, dynamo_vllm
-from shadowline.deployment.contract import DEFAULT_FAILOVER, MANAGED_FLAGS, Failover, parse_contract
-from shadowline.deployment.plan import Plan, build_plan
+from shadowline.deployment.contract import MANAGED_FLAGS, parse_contract
+from shadowline.deployment.plan import Plan
+from shadowline.deployment.plan_builder import build_plan
+from shadowline.deployment.settings import DEFAULT_FAILOVER, Failover
 
 from .helpers import hostvars
 

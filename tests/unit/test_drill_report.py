@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import Plan, build_plan
+from shadowline.deployment.plan import Plan
+from shadowline.deployment.plan_builder import build_plan
 from shadowline.drill.faults import FAULTS, DrillError, choose_target
 from shadowline.drill.load import run_load, summarize
 from shadowline.drill.report import compute_report, fault_time, render_timeline_table

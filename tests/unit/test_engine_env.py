@@ -8,7 +8,7 @@ import pytest
 
 from shadowline.deployment import units
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import PlanRefused, build_plan
+from shadowline.deployment.plan_builder import PlanRefused, build_plan
 from shadowline.slurm.job import build_job_plan
 
 from .helpers import hostvars

@@ -24,7 +24,8 @@ from shadowline.control.memory import DriverMemory, NodeMemory, Promotion, Promo
 from shadowline.control.node_duties import NodeDuties
 from shadowline.control.observe import HealthAnswer, LeaderProbe, StartCheck, UnitState, look_at_promotion
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import Plan, build_plan
+from shadowline.deployment.plan import Plan
+from shadowline.deployment.plan_builder import build_plan
 
 from .helpers import hostvars
 from .test_agent_node import memory, rank

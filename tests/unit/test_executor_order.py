@@ -29,7 +29,8 @@ from shadowline.control.observe import rank_alive
 from shadowline.control.proc import alive
 from shadowline.control.view import Now
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import Plan, build_plan
+from shadowline.deployment.plan import Plan
+from shadowline.deployment.plan_builder import build_plan
 from tests.loopback import ETCD, start_etcd
 
 from .helpers import hostvars

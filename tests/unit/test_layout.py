@@ -5,13 +5,17 @@
   operator's command line, ``cli.py``, offers the drill report as one of its subcommands);
 - the plan is typed past its one boundary: no ``plan["..."]`` read and no ``Plan = dict`` outside
   ``deployment/plan.py``;
-- backend differences live in ``backends/``: no comparison with a backend's name anywhere else.
+- backend differences live in ``backends/``: no comparison with a backend's name anywhere else;
+- the plan's type is apart from its builder: importing ``deployment/plan.py`` loads neither the contract's
+  parsing, the PKI nor the container policy (``deployment/plan_builder.py`` builds a Plan from a Contract).
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,3 +96,15 @@ def test_backend_differences_live_in_backends(path: Path):
                 branches.append(node.lineno)
     assert not branches, (f"{path.relative_to(ROOT)} branches on a backend's name at lines {branches}: "
                           "ask the backend strategy (backends/) instead")
+
+
+def test_the_plan_type_loads_without_the_contract_pki_or_container():
+    """Every reader of a plan (the agent, the modules, the filters) imports deployment.plan: in a fresh interpreter
+    that import must not pull in what only the builder needs (plan_builder.py)."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import shadowline.deployment.plan; "
+            "print('\\n'.join(sorted(m for m in sys.modules if m.startswith('shadowline'))))")
+    run = subprocess.run([sys.executable, "-c", code, str(LIB.parent)], capture_output=True, text=True, check=True)
+    loaded = set(run.stdout.split())
+    assert "shadowline.deployment.plan" in loaded
+    coupled = loaded & {f"shadowline.deployment.{m}" for m in ("contract", "pki", "container", "plan_builder")}
+    assert not coupled, f"importing deployment/plan.py loads {sorted(coupled)}: keep the builder's needs in plan_builder.py"

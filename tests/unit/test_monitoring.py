@@ -11,7 +11,8 @@ from pathlib import Path
 
 from shadowline.deployment import monitoring
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import Plan, build_plan
+from shadowline.deployment.plan import Plan
+from shadowline.deployment.plan_builder import build_plan
 from shadowline.deployment.secrets import ensure_secrets, host_files
 
 from .helpers import hostvars

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from shadowline.deployment.contract import missing_group_problem, parse_contract
-from shadowline.deployment.plan import PlanRefused, build_plan, checked_plan
+from shadowline.deployment.plan_builder import PlanRefused, build_plan, checked_plan
 from shadowline.deployment.ports import port_problems
 from shadowline.deployment.preflight import run_preflight
 from shadowline.model.errors import SpecError

@@ -16,7 +16,8 @@ import pytest
 
 from shadowline.deployment import units
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import PYTHON_PROXY, REQUEST_PLANE_IDLE_TTL_S, Plan, build_plan
+from shadowline.deployment.plan import Plan
+from shadowline.deployment.plan_builder import PYTHON_PROXY, REQUEST_PLANE_IDLE_TTL_S, build_plan
 from shadowline.deployment.ports import port_uses
 from shadowline.deployment.secrets import ensure_secrets, host_files
 
@@ -310,7 +311,7 @@ def _listening(port: int) -> bool:
 
 def test_dynamo_namespace_follows_the_engines_endpoint():
     """NATS's subjects follow the namespace the engines register in: Dynamo's default, or --endpoint's."""
-    from shadowline.deployment.plan import dynamo_namespace
+    from shadowline.deployment.plan_builder import dynamo_namespace
 
     assert dynamo_namespace(()) == "dynamo"
     assert dynamo_namespace(("--max-model-len", "8192", "--endpoint", "dyn://prod.backend.generate")) == "prod"

@@ -20,7 +20,7 @@ from shadowline.deployment.directories import (
     removable_directories,
     tmpfiles_text,
 )
-from shadowline.deployment.plan import build_plan
+from shadowline.deployment.plan_builder import build_plan
 from shadowline.model.policy import MANIFEST_NAME
 
 from .helpers import hostvars

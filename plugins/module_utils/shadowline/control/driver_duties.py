@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..deployment.contract import Failover
 from ..deployment.plan import Plan
+from ..deployment.settings import Failover
 from . import observe
 from .actions import (
     Action,

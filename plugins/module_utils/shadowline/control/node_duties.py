@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..deployment.contract import Failover
 from ..deployment.plan import Plan
+from ..deployment.settings import Failover
 from . import observe, progress
 from .actions import (
     AbandonStart,

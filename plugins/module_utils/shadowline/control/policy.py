@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..deployment.contract import Failover
+from ..deployment.settings import Failover
 
 
 @dataclass(frozen=True)

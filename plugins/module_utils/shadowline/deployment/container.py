@@ -18,9 +18,9 @@ the unit's (``--ulimit host``: LimitNOFILE, LimitMEMLOCK=infinity for pinned GPU
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from .settings import Container
 from .values import Reader, describe
 
 PODMAN = "/usr/bin/podman"
@@ -37,15 +37,6 @@ DEFAULT_CONTAINER: dict[str, Any] = {"image": None, "archive": "", "runtime": ""
 BACKEND_IMAGES = {"dynamo_vllm": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1",
                   "standin": "localhost/shadowline/standin-runtime:1.6.1"}
 BACKEND_DEVICES: dict[str, tuple[str, ...]] = {"dynamo_vllm": ("nvidia.com/gpu=all",), "standin": ()}
-
-
-@dataclass(frozen=True)
-class Container:
-    image: str
-    archive: str  # a `podman save` archive on the controller, loaded on every node instead of a pull ("": pull)
-    runtime: str  # the OCI runtime podman runs ("": podman's default)
-    devices: tuple[str, ...]  # --device: CDI names (nvidia.com/gpu=all) or device paths
-    python: str  # the interpreter in the image that runs `python -m <module>` (on the image's PATH, or absolute)
 
 
 def parse_container(read: Reader, value: Any, backend_name: str) -> Container | None:

@@ -2,7 +2,7 @@
 
 This is the one place that knows variable names and defaults. ``parse_contract`` takes each host's
 variables as Ansible sees them (hostvars) and returns a ``Contract`` plus every problem found; it never
-raises on bad input. The cohort plan (plan.py) is computed from a Contract only.
+raises on bad input. The cohort plan (plan.py) is built (plan_builder.py) from a Contract only.
 """
 
 from __future__ import annotations
@@ -16,8 +16,20 @@ from ..backends import NAMES as BACKENDS
 from ..model.errors import SpecError
 from ..model.spec import DEFAULT_FORMAT, FORMATS, MODEL_ID_RE, PINNED_RE, parse_source
 from .addresses import ADDRESS_FIX, address_problem
-from .container import RUNTIME_MODE, Container, parse_container
+from .container import RUNTIME_MODE, parse_container
 from .problems import Problem
+from .settings import (
+    DEFAULT_FAILOVER,
+    DEFAULT_PORTS,
+    FRONTEND_TLS_MUTUAL,
+    FRONTEND_TLS_ON,
+    FRONTEND_TLS_PLAIN,
+    Container,
+    Failover,
+    Monitoring,
+    Node,
+    Ports,
+)
 from .values import SYSTEM_DIRECTORIES, Reader, as_bool, close_match, describe, suggest
 
 SAFE_FORMATS = ["safetensors"]
@@ -25,22 +37,6 @@ PICKLE_FORMATS = [f for f in FORMATS if f not in SAFE_FORMATS]
 DEPLOYMENT_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")
 REVISION_RE = PINNED_RE
 
-DEFAULT_PORTS: dict[str, int] = {
-    "frontend": 8000,
-    "master_base": 29500,
-    "master_stride": 100,
-    "system_base": 8080,
-    "nixl_base": 8280,
-    "etcd_client": 2379,
-    "etcd_peer": 2380,
-    "nats": 4222,
-    "nats_monitor": 8222,
-    "nats_cluster": 6222,
-    "agent_metrics": 8480,
-    # every host, on loopback: the etcd proxy that gives Dynamo's engines and frontend etcd over TLS (Dynamo 1.6.1's
-    # etcd client has no TLS); one port per etcd member from this one (deployment/plan.py, etcd_proxy)
-    "etcd_proxy": 23790,
-}
 DEFAULT_MODEL: dict[str, Any] = {"id": None, "revision": None, "source": None, "local_dir": None, "format": DEFAULT_FORMAT}
 DEFAULT_ENGINE: dict[str, Any] = {
     "backend": "dynamo_vllm",
@@ -63,28 +59,6 @@ DEFAULT_MEMORY: dict[str, Any] = {
     "weights_gib": None,  # default: the staged model's manifest when present
     "kv_reserve_gib": 0,
     "engine_overhead_gib": 1.0,
-}
-DEFAULT_FAILOVER: dict[str, Any] = {
-    "health_timeout_s": 2.0,  # a leader whose /health does not answer this long is hung
-    "term_grace_s": 0.0,  # SIGTERM grace before SIGKILL when tearing down a failed generation
-    "planned_grace_s": 5.0,  # SIGTERM grace of a planned failover (playbooks/failover.yml): engines drain
-    "agent_lease_ttl_s": 3,  # an agent gone this long counts as a lost node
-    "relaunch_backoff_s": 0.2,  # first delay before relaunching a slot that failed again soon after launch
-    "relaunch_backoff_max_s": 30.0,
-    "max_relaunch_attempts": 5,  # consecutive quick failures before the slot is marked dead
-    "stable_after_s": 30.0,  # a generation that ran this long resets the attempt count
-    # a shadow that took the lock but is not active this long after is failed and the next one takes over:
-    # above the 3.8-16 s promotions measured on 8x B200 and GMS's fixed 30 s admission deadline
-    "wake_timeout_s": 60.0,
-    # Real-engine signals (docs/detection.md): requests running and vLLM's generated-token counter still this long
-    # is a stalled generation; it must exceed the longest prefill the deployment serves (vLLM counts no token
-    # while it prefills a prompt).
-    "progress_stall_s": 60.0,
-    "canary_interval_s": 5.0,  # an idle serving cohort gets a one-token completion this often (finds idle hangs)
-    # The process-group timeout of the engines' collectives (vLLM's --distributed-timeout-seconds) and the torch
-    # NCCL watchdog's heartbeat timeout: a rank stuck in a collective this long ends its process. torch's own
-    # default; it applies from the first collective, so it must exceed the skew of weight loading between ranks.
-    "collective_timeout_s": 600,
 }
 DEFAULT_MONITORING: dict[str, Any] = {
     "mode": "server",  # server: Prometheus on `host`; targets: only the file_sd targets there; none: nothing
@@ -134,29 +108,10 @@ KNOWN_VARIABLES = [
     "gms_monitoring", "gms_insecure", "gms_secrets_dir", "gms_secrets_rotate", "gms_firewall_allow", "gms_frontend_allow",
     "gms_frontend_tls", "gms_binaries", "gms_container",
 ]
-# gms_frontend_tls: the OpenAI API in plain HTTP (the default), over HTTPS with the frontend host's certificate of
-# the deployment's CA, or over HTTPS that also wants a client certificate of that CA (docs/security.md).
-# (Not "off": YAML reads an unquoted off as false.)
-FRONTEND_TLS_PLAIN, FRONTEND_TLS_ON, FRONTEND_TLS_MUTUAL = "plain", "tls", "mutual"
+# gms_frontend_tls (the modes: settings.py)
 FRONTEND_TLS_MODES = [FRONTEND_TLS_PLAIN, FRONTEND_TLS_ON, FRONTEND_TLS_MUTUAL]
 # Shared variables must be the same on every node of a deployment.
 SHARED_VARIABLES = [v for v in KNOWN_VARIABLES if v not in ("gms_node_rank", "gms_node_address")]
-
-
-@dataclass(frozen=True)
-class Ports:
-    frontend: int
-    master_base: int
-    master_stride: int
-    system_base: int
-    nixl_base: int
-    etcd_client: int
-    etcd_peer: int
-    nats: int
-    nats_monitor: int
-    nats_cluster: int
-    agent_metrics: int
-    etcd_proxy: int = DEFAULT_PORTS["etcd_proxy"]  # a default: plans written before it had none
 
 
 @dataclass(frozen=True)
@@ -196,42 +151,7 @@ class Memory:
 class Binaries:
     etcd: str = DEFAULT_BINARIES["etcd"]
     nats_server: str = DEFAULT_BINARIES["nats_server"]
-    haproxy: str = DEFAULT_BINARIES["haproxy"]  # every host: the etcd proxy of Dynamo's processes (plan.py)
-
-
-@dataclass(frozen=True)
-class Failover:
-    health_timeout_s: float
-    term_grace_s: float
-    planned_grace_s: float
-    agent_lease_ttl_s: int
-    relaunch_backoff_s: float
-    relaunch_backoff_max_s: float
-    max_relaunch_attempts: int
-    stable_after_s: float
-    # Added after plans were first written: defaults keep an older plan.json readable.
-    wake_timeout_s: float = DEFAULT_FAILOVER["wake_timeout_s"]
-    progress_stall_s: float = DEFAULT_FAILOVER["progress_stall_s"]
-    canary_interval_s: float = DEFAULT_FAILOVER["canary_interval_s"]
-    collective_timeout_s: int = DEFAULT_FAILOVER["collective_timeout_s"]
-
-
-@dataclass(frozen=True)
-class Monitoring:
-    mode: str  # server | targets | none
-    host: str  # the inventory host that runs Prometheus (server) or holds the targets files (targets)
-    address: str  # that host's address: Prometheus listens there
-    port: int
-    blackbox_port: int
-    scrape_interval_s: int
-    retention_days: int
-
-
-@dataclass(frozen=True)
-class Node:
-    host: str
-    rank: int
-    address: str
+    haproxy: str = DEFAULT_BINARIES["haproxy"]  # every host: the etcd proxy of Dynamo's processes (plan_builder.py)
 
 
 @dataclass(frozen=True)
@@ -611,7 +531,7 @@ def _parse_engine(read: Reader, value: Any, node_count: int) -> Engine | None:
 
 def _parse_engine_env(read: Reader, value: Any) -> tuple[tuple[str, str], ...] | None:
     """gms_engine.env: NAME: value pairs for every rank. A name is a shell identifier, not one shadowline sets
-    (SHADOWLINE_*, HOME; the plan's own names are refused where the plan is built: deployment/plan.py), never one
+    (SHADOWLINE_*, HOME; the plan's own names are refused where the plan is built: deployment/plan_builder.py), never one
     that says a secret; a value is a string or a number on one line. Nothing of a value is ever put in a message."""
     example = "{NCCL_SOCKET_IFNAME: ens1f0, NCCL_IB_HCA: mlx5_0}"
     if value is None or value == {}:

@@ -24,8 +24,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .contract import Monitoring
 from .plan import Plan, Process
+from .settings import Monitoring
 from .units import service_unit
 
 JOBS = ("shadowline-engine", "shadowline-agent", "shadowline-frontend", "shadowline-etcd", "shadowline-nats")

@@ -4,7 +4,7 @@ Cohort ports follow the upstream recipe: master port ``master_base + master_stri
 port ``system_base + cohort``, NIXL side channel ``nixl_base + cohort``. Infra ports (etcd, NATS,
 frontend) are fixed per deployment. ``port_problems`` checks them where they are bound: two processes of the
 plan on one host with one port (the leader node also being the infra host, by default) are refused; the same
-number on two different hosts is no collision. The plan builder (plan.build_plan) runs it, so every path that
+number on two different hosts is no collision. The plan builder (plan_builder.build_plan) runs it, so every path that
 builds a plan (preflight, shadowline.gms.cohort_plan and the CLI's plan, slurm/render) refuses the same ports.
 """
 
@@ -12,16 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .contract import ETCD_MEMBER_COUNTS, Contract, Ports
+from .contract import ETCD_MEMBER_COUNTS, Contract
 from .problems import Problem
-
-
-@dataclass(frozen=True)
-class CohortPorts:
-    master: int
-    system: int
-    nixl: int
-
+from .settings import CohortPorts, Ports
 
 # Where a port is bound (PortUse.where): which of the deployment's hosts run its process.
 ALL_NODES, LEADER_NODE, INFRA_HOSTS, FRONTEND_HOST, ALL_HOSTS = (

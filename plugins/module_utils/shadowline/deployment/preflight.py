@@ -13,7 +13,8 @@ from typing import Any
 from ..backends import backend
 from .contract import PATH_EXAMPLES, Contract, parse_contract
 from .node_facts import NETWORK_FILESYSTEMS
-from .plan import Plan, checked_plan, insecure_warning, residency_of
+from .plan import Plan, residency_of
+from .plan_builder import checked_plan, insecure_warning
 from .platforms import platform_problems
 from .ports import host_port_uses
 from .problems import Problem

@@ -167,7 +167,7 @@ def etcd_unit(plan: Plan, host: str) -> str:
 
 
 def etcd_proxy_unit(plan: Plan, host: str) -> str:
-    """The host's etcd proxy (HAProxy, deployment/plan.py _etcd_proxy): loopback in, TLS out, as the service user
+    """The host's etcd proxy (HAProxy, deployment/plan_builder.py _etcd_proxy): loopback in, TLS out, as the service user
     in the infra services' sandbox; it writes nothing."""
     return service_unit(f"shadowline {plan.deployment}: etcd proxy (TLS) for Dynamo's processes",
                         on_host(plan.infra.etcd_proxies, host), [], user=plan.service_user, after=[],

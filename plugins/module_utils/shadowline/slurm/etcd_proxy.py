@@ -2,7 +2,7 @@
 
 Dynamo 1.6.1's etcd client has no TLS, and a job's etcd takes only TLS with a client certificate of the job's CA
 (as a playbook deployment's does). A playbook deployment runs HAProxy on every host for Dynamo's processes
-(deployment/plan.py ``_etcd_proxy``); a job's nodes may have no HAProxy, and a job cannot install one, but every
+(deployment/plan_builder.py ``_etcd_proxy``); a job's nodes may have no HAProxy, and a job cannot install one, but every
 node has the runtime's Python (the watchdog runs there). So a job runs this instead, one task per node for the
 whole job: it accepts plain connections on 127.0.0.1 only, a port per etcd member (the plan's routes, the same
 as HAProxy's), and carries each to its member over TLS, presenting the node's client certificate (``--cert``:

@@ -1,6 +1,6 @@
 """The Slurm batch job of a deployment: the cohort plan for the allocation's nodes, as shell the template lays out.
 
-Nodes come from the allocation, not from ``gms_nodes``: the plan is built (by plan.py, as for every other
+Nodes come from the allocation, not from ``gms_nodes``: the plan is built (by plan_builder.py, as for every other
 backend) for ``nnodes`` placeholder nodes ``slurm-node-<i>`` whose address is the token ``@SL_ADDR_<i>@``. In
 the script every token becomes ``${SL_ADDR_<i>}``; the supervisor sets ``SL_NODE_<i>``/``SL_ADDR_<i>`` from
 ``scontrol show hostnames "$SLURM_JOB_NODELIST"`` at run time (node 0, the first, is the master address and
@@ -21,9 +21,11 @@ from typing import Any
 
 from ..control.access import etcd_tls_files
 from ..deployment.addresses import PLACEHOLDER_RE
-from ..deployment.contract import FRONTEND_TLS_PLAIN, parse_contract
-from ..deployment.plan import PYTHON_PROXY, CohortPlan, Plan, checked_plan, etcd_proxy_ports, shell_quote
+from ..deployment.contract import parse_contract
+from ..deployment.plan import CohortPlan, Plan, shell_quote
+from ..deployment.plan_builder import PYTHON_PROXY, checked_plan, etcd_proxy_ports
 from ..deployment.problems import Problem
+from ..deployment.settings import FRONTEND_TLS_PLAIN
 from ..deployment.values import as_int
 from .job_secrets import BUNDLE
 from .options import SlurmOptions, parse_slurm_options

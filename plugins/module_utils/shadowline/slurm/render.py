@@ -26,7 +26,8 @@ from typing import Any
 
 from .. import console
 from ..deployment.contract import missing_group_problem
-from ..deployment.plan import Plan, insecure_warning
+from ..deployment.plan import Plan
+from ..deployment.plan_builder import insecure_warning
 from ..deployment.problems import Problem, format_problems
 from .allocation import read_spec
 from .job import HOST_ONLY, job_context
