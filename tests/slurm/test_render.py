@@ -87,7 +87,7 @@ def test_every_command_stands_in_the_script_literally(tmp_path):
             assert " ".join(sh(a) for a in argv[:3]) in body  # /opt/dynamo/venv/bin/python -m dynamo.vllm
             assert f'--node-rank {rank["node_rank"]}' in body
         assert '--master-addr "${SL_ADDR_0}"' in body and "--headless" in body
-        assert "-m shadowline.control.watchdog" in body
+        assert "-m shadowline.slurm.watchdog" in body
     assert "--kill-on-bad-exit=1" in script.split("step_cohort_0() {", 1)[1].split("}", 1)[0]
     # etcd over TLS: Dynamo's processes reach it through each node's etcd proxy on loopback
     assert plan["infra"]["etcd_endpoints"] == "https://@SL_ADDR_0@:2379"

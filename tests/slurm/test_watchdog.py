@@ -1,4 +1,4 @@
-"""shadowline.control.watchdog: exit codes, signal forwarding, hangs by health and by vLLM's progress metrics, on
+"""shadowline.slurm.watchdog: exit codes, signal forwarding, hangs by health and by vLLM's progress metrics, on
 loopback.
 
 The last test runs a real stand-in cohort (leader + headless rank, the real dynamo.mocker registered in a real
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from shadowline.control import discovery, lock
 from shadowline.control.etcd_client import Etcd
-from shadowline.control.watchdog import EVENT_PREFIX, HANG_EXIT
+from shadowline.slurm.watchdog import EVENT_PREFIX, HANG_EXIT
 
 from ..loopback import free_port, wait_until
 from ..standin import harness
@@ -61,7 +61,7 @@ FAKE_LEADER = textwrap.dedent("""
 
 
 def watchdog(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "shadowline.control.watchdog", *args],
+    return subprocess.Popen([sys.executable, "-m", "shadowline.slurm.watchdog", *args],
                             env={**os.environ, "PYTHONPATH": str(LIB), **(env or {})}, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, **kw)
 
@@ -243,7 +243,7 @@ def test_standin_cohort_leader_hang(procs, infra, tiny_model, short_dir, tmp_pat
     ranks = []
     for rank in (0, 1):
         engine = harness.engine_argv(tiny_model, "tiny", tp=2, nnodes=2, rank=rank, master_port=master)
-        argv = [str(harness.RUNTIME_PY), "-m", "shadowline.control.watchdog", "--health-timeout", "3",
+        argv = [str(harness.RUNTIME_PY), "-m", "shadowline.slurm.watchdog", "--health-timeout", "3",
                 "--progress-stall", "3", "--", *engine]
         rank_env = {**env, "SHADOWLINE_STANDIN_GPUS": GPUS[rank], "SHADOWLINE_COHORT": "0",
                     "SHADOWLINE_NODE_RANK": str(rank)}

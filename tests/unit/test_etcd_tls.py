@@ -30,12 +30,12 @@ from shadowline.control.access import (
 )
 from shadowline.control.etcd_client import Etcd, EtcdAuth, EtcdError
 from shadowline.control.http import http_get
-from shadowline.control.watchdog import EtcdSettings, Revoker, Target, revoke_registration
 from shadowline.deployment.contract import parse_contract
 from shadowline.deployment.plan import Plan
 from shadowline.deployment.plan_builder import HAPROXY as HAPROXY_KIND
 from shadowline.deployment.plan_builder import PYTHON_PROXY, build_plan
 from shadowline.deployment.secrets import ensure_secrets, host_files
+from shadowline.slurm.watchdog import EtcdSettings, Revoker, Target, revoke_registration
 from shadowline.standin.worker import etcd_has_key_suffix
 from tests.loopback import ETCD, free_port, start_server, stop_server, wait_until
 

@@ -45,7 +45,7 @@ def engine_rank(pids: list[int], rank: int) -> int | None:
     """The engine process of node rank ``rank`` among ``pids`` (not its watchdog, not its worker)."""
     for pid in pids:
         argv = command_line(pid)
-        if "shadowline.control.watchdog" in argv or not any(b.runs(argv) for b in BACKENDS.values()):
+        if "shadowline.slurm.watchdog" in argv or not any(b.runs(argv) for b in BACKENDS.values()):
             continue
         node_rank = argv[argv.index("--node-rank") + 1] if "--node-rank" in argv[:-1] else "0"
         if node_rank == str(rank):

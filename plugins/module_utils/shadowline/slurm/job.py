@@ -32,7 +32,7 @@ from .options import SlurmOptions, parse_slurm_options
 
 SLURM_VARIABLES = ["gms_slurm"]  # the Slurm-only variables (listed in contract.KNOWN_VARIABLES too)
 HOST_ONLY = ("gms_node_rank", "gms_node_address")
-WATCHDOG_MODULE = "shadowline.control.watchdog"
+WATCHDOG_MODULE = "shadowline.slurm.watchdog"
 NODE_TASKS_MODULE = "shadowline.slurm.node_tasks"
 
 

@@ -47,7 +47,6 @@ from ..control.etcd_client import EtcdError
 from ..control.events import EventLog
 from ..control.policy import RelaunchPolicy
 from ..control.waits import http_check, listening_check, poll
-from ..control.watchdog import EVENT_PREFIX
 from ..deployment.plan import Plan
 from ..model.fsutil import atomic_write_json
 from ..model.readiness import readiness_gate
@@ -55,6 +54,7 @@ from .allocation import AllocationError, Node, allocation, concrete, read_spec
 from .job_secrets import BUNDLE, make_bundle
 from .load import complete
 from .options import SlurmOptions
+from .watchdog import EVENT_PREFIX
 
 PARKED, ACTIVE = "standby", "active"
 LOOP_INTERVAL = 0.05

@@ -1,4 +1,5 @@
-"""Run one engine rank as a child and turn a hang into an exit: ``python -m shadowline.control.watchdog [options] -- ARGV``.
+"""Run one engine rank as a child and turn a hang into an exit:
+``python -m shadowline.slurm.watchdog [options] -- ARGV``.
 
 A dead rank ends its Slurm step by itself (``srun --kill-on-bad-exit=1``); a hung one would not: vLLM's
 ``/health`` can stay 200 while a rank is stuck, and headless ranks wait forever in a collective. The watchdog
@@ -47,12 +48,12 @@ from dataclasses import dataclass
 
 from .. import console
 from ..backends import BACKENDS
-from . import discovery, progress
-from .access import client_context, etcd_from_env
-from .etcd_client import Etcd, EtcdError
-from .http import http_get
-from .policy import HangPolicy
-from .proc import group_members, listening_ports, stopped
+from ..control import discovery, progress
+from ..control.access import client_context, etcd_from_env
+from ..control.etcd_client import Etcd, EtcdError
+from ..control.http import http_get
+from ..control.policy import HangPolicy
+from ..control.proc import group_members, listening_ports, stopped
 
 HANG_EXIT = 124
 KEEP_WARM_S = 60.0  # how often the revoking client touches etcd (a fifth of etcd's --auth-token-ttl default)
@@ -62,7 +63,7 @@ EVENT_PREFIX = "SHADOWLINE_EVENT "
 
 def log(message: str) -> None:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
-    console.err(f"{stamp} shadowline.control.watchdog[{os.getpid()}]: {message}")
+    console.err(f"{stamp} shadowline.slurm.watchdog[{os.getpid()}]: {message}")
 
 
 def emit(event: str, **detail: object) -> None:
@@ -280,7 +281,7 @@ def teardown(target: Target, child: subprocess.Popen, event: str, reason: str, r
 # -- main loop ------------------------------------------------------------------------------------------ #
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m shadowline.control.watchdog",
+    p = argparse.ArgumentParser(prog="python -m shadowline.slurm.watchdog",
                                 description="Run an engine rank; exit non-zero when its health or generation stalls.")
     p.add_argument("--health-timeout", type=float, default=3.0, help="seconds without a 200 from /health (leader)")
     p.add_argument("--progress-stall", type=float, default=60.0,
