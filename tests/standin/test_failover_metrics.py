@@ -1,4 +1,5 @@
-"""shadowline.control.failover_metrics: exact names and labels, persisted counters, parsing."""
+"""shadowline.standin.failover_metrics (the writer) and shadowline.control.failover_metrics (names, parsing): exact
+names and labels, persisted counters, parsing."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import json
 import logging
 
 from shadowline.control import failover_metrics as fm
+from shadowline.standin.failover_metrics import FailoverMetrics, load_counters
 
 
 def test_render_names_labels_and_parse(tmp_path):
-    m = fm.FailoverMetrics("1", "tiny", "backend", str(tmp_path))
+    m = FailoverMetrics("1", "tiny", "backend", str(tmp_path))
     for s in ("init", "standby", "waking"):
         m.set_state(s)
     m.record_switch_attempt()
@@ -35,7 +37,7 @@ def test_render_names_labels_and_parse(tmp_path):
 def test_counters_restored_after_restart(tmp_path, caplog):
     (tmp_path / "failover_metrics_engine-2.json").write_text('{"attempts":3,"success":2}')
     with caplog.at_level(logging.INFO):
-        m = fm.FailoverMetrics("2", "tiny", "backend", str(tmp_path))
+        m = FailoverMetrics("2", "tiny", "backend", str(tmp_path))
         m.set_state("init")
     assert "[Shadow] restored failover counters engine=2 attempts=3 success=2" in caplog.text
     assert "[Shadow] failover_state engine=2 -> init" in caplog.text
@@ -45,5 +47,5 @@ def test_counters_restored_after_restart(tmp_path, caplog):
 
 def test_missing_or_corrupt_counters_start_at_zero(tmp_path):
     (tmp_path / "failover_metrics_engine-5.json").write_text("{not json")
-    assert fm.load_counters(str(tmp_path / "failover_metrics_engine-5.json")) == (0, 0)
-    assert fm.load_counters(str(tmp_path / "absent.json")) == (0, 0)
+    assert load_counters(str(tmp_path / "failover_metrics_engine-5.json")) == (0, 0)
+    assert load_counters(str(tmp_path / "absent.json")) == (0, 0)

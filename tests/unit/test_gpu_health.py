@@ -1,30 +1,27 @@
 """shadowline.control.gpu_health and its Xid table: every table row checked against the catalog's bucket, kernel log
-lines in the driver's format, NVML events through a fake nvidia-ml-py, and the stand-in's fake event file."""
+lines in the driver's format, NVML events through a fake nvidia-ml-py (the stand-in's fake event file:
+test_gpu_events.py)."""
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import pytest
 
 from shadowline.control import gpu_health, xid_table
 from shadowline.control.gpu_health import (
-    FAKE,
     KERNEL_LOG,
     NVML,
-    FakeEvents,
     GpuFault,
     KernelLog,
     NvmlEvents,
-    append_fake_event,
     classify,
-    fake_events_path,
     normal_bus,
     parse_kernel_line,
     worst,
 )
 from shadowline.control.xid_table import NODE_SERVICE, NONE, RESET_GPU, RESTART_APP
+from shadowline.standin.gpu_events import FAKE
 
 UUID = "GPU-7f4e2c1a-9b3d-4e5f-8a6b-0c1d2e3f4a5b"
 
@@ -120,36 +117,6 @@ def test_kernel_log_learns_the_uuid_of_a_bus():
 ])
 def test_bus_ids_compare_in_one_form(bus, normal):
     assert normal_bus(bus) == normal
-
-
-# -- the stand-in's fake event file ----------------------------------------------------------------------------- #
-
-def test_fake_events_round_trip(tmp_path):
-    path = fake_events_path(str(tmp_path))
-    assert path == str(tmp_path / "gpu-events.jsonl")
-    reader = FakeEvents(path)  # before the file exists
-    assert reader.poll() == []
-    append_fake_event(path, UUID, 13, when=100.0)
-    append_fake_event(path, UUID, 79, detail="drill gpu-xid-fatal", when=101.0)
-    faults = reader.poll()
-    assert [(f.gpu_uuid, f.xid, f.action, f.source, f.time) for f in faults] == [
-        (UUID, 13, RESTART_APP, FAKE, 100.0), (UUID, 79, NODE_SERVICE, FAKE, 101.0)]
-    assert "drill gpu-xid-fatal" in faults[1].detail
-    assert reader.poll() == []  # each event once
-
-
-def test_a_late_reader_starts_at_the_end_and_half_lines_wait(tmp_path):
-    path = fake_events_path(str(tmp_path))
-    append_fake_event(path, UUID, 48)
-    reader = FakeEvents(path)
-    assert reader.poll() == []
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps({"gpu_uuid": UUID, "xid": 95})[:10])
-    assert reader.poll() == []
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps({"gpu_uuid": UUID, "xid": 95})[10:] + "\nnot json\n")
-    assert [f.xid for f in reader.poll()] == [95]
-    assert [f.xid for f in FakeEvents(path, from_end=False).poll()] == [48, 95]
 
 
 # -- NVML, through a fake nvidia-ml-py ------------------------------------------------------------------------------ #

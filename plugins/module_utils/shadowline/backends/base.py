@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PolledGpuEvents:
+    """A backend's own GPU event source, opened, which the node agent's listener polls (control/gpu_watch.py)."""
+    name: str  # what it is, for the listener's gpu-watch-started notice
+    poll: Callable[[], list[Any]]  # the faults (control/gpu_health.GpuFault) seen since the last call
+    pause_s: float  # between two polls
 
 
 @dataclass(frozen=True)
@@ -19,8 +29,14 @@ class Backend:
     # vllm:generation_tokens_total; control/progress.py judges them), or None: the engine has no such signal.
     progress_metrics_path: str | None = None
     # Where the node agent hears of GPU faults (control/gpu_watch.py): nvml (NVML's events, else the kernel log),
-    # fake (the stand-in's event file, which drills append to) or none.
+    # the backend's own source (gpu_event_source; the stand-in's "fake": its event file, which drills append to) or
+    # none.
     gpu_events: str = "nvml"
+
+    def gpu_event_source(self, state_dir: str) -> PolledGpuEvents | None:
+        """The backend's own GPU event source, opened (the listener calls this on its thread as it starts), for a
+        ``gpu_events`` that is neither nvml nor none (None: the backend has none; the listener uses gpu_events)."""
+        return None
 
     def node_env(self, deployment: str, host: str, gpus_per_node: int) -> dict[str, str]:
         """Environment the GMS server and every rank on a node get on top of the plan's own."""

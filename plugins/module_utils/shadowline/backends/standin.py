@@ -10,7 +10,7 @@ import os
 import uuid
 from dataclasses import dataclass
 
-from .base import Backend
+from .base import Backend, PolledGpuEvents
 from .dynamo_vllm import TIMEOUT_FLAG, nccl_watchdog_env
 
 GPU_NAMESPACE = uuid.UUID("5d0c3c36-6f1e-4a53-9a3c-2f6b1f0a7e21")
@@ -42,6 +42,12 @@ class Standin(Backend):
 
     def rank_fault_file(self, lock_dir: str, engine_id: int | str, node_rank: int) -> str | None:
         return rank_fault_path(engine_id, node_rank, lock_dir)
+
+    def gpu_event_source(self, state_dir: str) -> PolledGpuEvents | None:
+        """The stand-in's GPU event file in the state dir, read from its end (drills append to it)."""
+        from ..standin.gpu_events import FAKE_POLL_S, FakeEvents, fake_events_path  # noqa: PLC0415 (only where it runs)
+        path = fake_events_path(state_dir)
+        return PolledGpuEvents(f"the stand-in's GPU event file {path}", FakeEvents(path).poll, FAKE_POLL_S)
 
     def weights_resident(self, socket_dir: str) -> bool | None:
         """Every weights socket of the stand-in's GMS server answers with committed weights."""

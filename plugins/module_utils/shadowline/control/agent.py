@@ -83,7 +83,7 @@ class Agent:
         self.feed = EtcdFeed(feed_etcd, self.coord.keys, host, frozenset(plan.cohort_ids),
                              int(plan.failover.agent_lease_ttl_s), CHECK_S if self.is_driver else SYNC_S, self.wake_w,
                              lease_etcd, self.memory.instance)
-        self.gpu = GpuWatch(plan.engine.gpu_events, plan.state_dir, self.wake_w)
+        self.gpu = GpuWatch(plan.engine.gpu_events, plan.state_dir, self.wake_w, plan.engine.gpu_event_source)
         self.view: DeploymentView | None = None  # the latest view the feed read
         self.gms_pidfd: int | None = None
         self.cgroup_events: dict[int, int] = {}  # cohort -> its unit's cgroup.events, while its rank is torn down

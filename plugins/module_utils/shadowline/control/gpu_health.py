@@ -8,14 +8,12 @@ Sources, best first:
 - The kernel log, as ``journalctl -k -f -o cat`` prints it (``KERNEL_LOG_ARGV``): ``NVRM: Xid (PCI:0000:3b:00): 79,
   pid=..., ...`` lines (``parse_kernel_line``); the driver's ``NVRM: GPU at PCI:<bus>: GPU-<uuid>`` lines name the
   UUID of a bus id (``KernelLog`` remembers them).
-- A fake event file for the stand-in: JSON lines ``{"gpu_uuid": ..., "xid": ..., "time": ...}`` that drills append
-  under the deployment's state dir (``fake_events_path``, ``append_fake_event``; ``FakeEvents`` reads new lines).
+- A backend's own source (``Backend.gpu_event_source``): the stand-in's event file (standin/gpu_events.py), which
+  drills append to, in the deployment's state dir (``GPU_EVENTS_FILE``).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import time
 from collections.abc import Iterable, Iterator
@@ -27,9 +25,10 @@ from .xid_table import ACTIONS, NODE_SERVICE, NONE, RECOVERY_ACTIONS, RESET_GPU,
 
 NVML = "nvml"
 KERNEL_LOG = "kernel-log"
-FAKE = "fake"
 KERNEL_LOG_ARGV = ("journalctl", "-k", "-f", "-o", "cat", "--since", "now")
-FAKE_EVENTS_FILE = "gpu-events.jsonl"
+# A node's GPU event file in the deployment's state dir (the stand-in's source, standin/gpu_events.py): named here,
+# where the history reader (control/history.py) can leave it out of the event logs without importing the stand-in.
+GPU_EVENTS_FILE = "gpu-events.jsonl"
 XID_RECOVERY_ACTION = 154
 XID_DOUBLE_BIT_ECC = 48
 XID_FALLEN_OFF_THE_BUS = 79
@@ -42,7 +41,7 @@ class GpuFault:
     xid: int | None  # None for an NVML event that carries no Xid (GPU unavailable, double-bit ECC)
     action: str  # xid_table.ACTIONS
     detail: str  # what happened, for the failure declaration and the report
-    source: str  # nvml | kernel-log | fake
+    source: str  # nvml | kernel-log | a backend's own (the stand-in's: fake)
     time: float = 0.0  # wall-clock time the event was seen or written
 
     @property
@@ -141,70 +140,6 @@ class KernelLog:
             fault = parse_kernel_line(line, self.uuids, now)
             if fault is not None:
                 yield fault
-
-
-# -- fake events (the stand-in) -------------------------------------------------------------------------------- #
-
-def fake_events_path(state_dir: str) -> str:
-    """Where drills append the stand-in's GPU events: one file per node, in the deployment's state dir."""
-    return os.path.join(state_dir, FAKE_EVENTS_FILE)
-
-
-def append_fake_event(path: str, gpu_uuid: str, xid: int, detail: str = "", when: float | None = None) -> None:
-    """Append one event (a drill's ``gpu-xid-*`` fault); one write of one line, so a reader never sees half."""
-    event = {"gpu_uuid": gpu_uuid, "xid": int(xid), "time": time.time() if when is None else when}
-    if detail:
-        event["detail"] = detail
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(event) + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-class FakeEvents:
-    """Reads the events appended to a fake event file since the last read (from its end when ``from_end``: a
-    listener that starts late does not replay old drills)."""
-
-    def __init__(self, path: str, from_end: bool = True) -> None:
-        self.path = path
-        self.offset = 0
-        if from_end:
-            try:
-                self.offset = os.stat(path).st_size
-            except FileNotFoundError:
-                pass
-
-    def poll(self) -> list[GpuFault]:
-        try:
-            with open(self.path, "rb") as handle:
-                if os.fstat(handle.fileno()).st_size < self.offset:
-                    self.offset = 0  # the file was replaced
-                handle.seek(self.offset)
-                data = handle.read()
-        except FileNotFoundError:
-            return []
-        complete = data[:data.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        faults = []
-        for line in complete.decode(errors="replace").splitlines():
-            fault = parse_fake_event(line)
-            if fault is not None:
-                faults.append(fault)
-        return faults
-
-
-def parse_fake_event(line: str) -> GpuFault | None:
-    try:
-        event = json.loads(line)
-        xid = int(event["xid"])
-        uuid = str(event["gpu_uuid"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    action, detail = classify(xid, str(event.get("detail", "")))
-    extra = event.get("detail")
-    return GpuFault(uuid, event.get("pci_bus"), xid, action, f"{detail}: {extra}" if extra else detail, FAKE,
-                    float(event.get("time") or 0.0))
 
 
 # -- NVML ------------------------------------------------------------------------------------------------------- #

@@ -2,10 +2,11 @@
 and hands each fault to the loop (the loop decides: node_duties.gpu_faults). It never acts itself.
 
 Which source: the backend's (``Backend.gpu_events``): ``nvml`` tries NVML's event set (nvidia-ml-py, a driver
-answering) and falls back to the kernel log through journald (``journalctl -k -f``); ``fake`` reads the stand-in's
-event file in the deployment's state dir, which drills append to (``gpu-xid-app``, ``gpu-xid-fatal``); ``none``
-listens to nothing. A source that fails is reported once as a notice (the loop writes it to the event log) and the
-thread ends: the agent goes on without GPU events rather than dying.
+answering) and falls back to the kernel log through journald (``journalctl -k -f``); a backend with a source of its
+own hands it over, opened (``Backend.gpu_event_source``: the stand-in's reads its event file in the deployment's
+state dir, which drills append to: ``gpu-xid-app``, ``gpu-xid-fatal``); ``none`` listens to nothing. A source
+that fails is reported once as a notice (the loop writes it to the event log) and the thread ends: the agent goes
+on without GPU events rather than dying.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .gpu_health import KERNEL_LOG_ARGV, FakeEvents, GpuFault, KernelLog, NvmlEvents, fake_events_path
+from ..backends.base import PolledGpuEvents
+from .gpu_health import KERNEL_LOG_ARGV, GpuFault, KernelLog, NvmlEvents
 from .wakeup import drain, wake
 
-FAKE_POLL_S = 0.05  # the stand-in's event file is read this often
 NVML_WAIT_MS = 500
 
 
@@ -34,10 +35,12 @@ class WatchNotice:
 class GpuWatch(threading.Thread):
     """Faults and notices come out through ``take()``; each one also wakes the loop (a byte on ``wake_fd``)."""
 
-    def __init__(self, source: str, state_dir: str, wake_fd: int) -> None:
+    def __init__(self, source: str, state_dir: str, wake_fd: int,
+                 own_source: Callable[[str], PolledGpuEvents | None] | None = None) -> None:
         super().__init__(name="gpu-watch", daemon=True)
         self.source = source
         self.state_dir = state_dir
+        self.own_source = own_source  # the backend's gpu_event_source, for a source of its own
         self.wake_fd = wake_fd
         self.faults: queue.Queue[GpuFault] = queue.Queue()
         self.notices: queue.Queue[WatchNotice] = queue.Queue()
@@ -63,9 +66,9 @@ class GpuWatch(threading.Thread):
             self.say("gpu-watch-failed", f"{name}: {type(err).__name__}: {err}")
 
     def open(self) -> tuple[str, Iterator[GpuFault] | None]:
-        if self.source == "fake":
-            path = fake_events_path(self.state_dir)
-            return f"the stand-in's GPU event file {path}", self.poll_forever(FakeEvents(path).poll, FAKE_POLL_S)
+        own = self.own_source(self.state_dir) if self.own_source is not None else None
+        if own is not None:
+            return own.name, self.poll_forever(own.poll, own.pause_s)
         if self.source == "nvml":
             nvml = NvmlEvents.open()
             if nvml is not None:

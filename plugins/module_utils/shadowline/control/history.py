@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .events import KEEP
-from .gpu_health import FAKE_EVENTS_FILE
+from .gpu_health import GPU_EVENTS_FILE
 
 EVENTS_FILE = re.compile(r"events\.jsonl(\.[0-9]+)?$")  # events.jsonl, node0-events.jsonl, events.jsonl.2
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -55,7 +55,7 @@ def event_files(path: Path) -> list[Path]:
     every events file under a directory (``*events.jsonl`` and ``.1`` .. ``.3``; not the GPU fault feed)."""
     if path.is_dir():
         found = sorted(p for p in path.rglob("*") if p.is_file() and EVENTS_FILE.search(p.name)
-                       and not p.name.startswith(FAKE_EVENTS_FILE))
+                       and not p.name.startswith(GPU_EVENTS_FILE))
         if not found:
             raise HistoryError(f"{path} holds no events file (events.jsonl, or *events.jsonl and its rotations)")
         return found

@@ -24,7 +24,6 @@ from ..control.coordination import DEAD, RUNNING, Coordination
 from ..control.etcd_client import EtcdError
 from ..control.events import read_events
 from ..control.failover import unfence
-from ..control.gpu_health import append_fake_event, fake_events_path
 from ..control.http import http_get
 from ..control.policy import NODE_FENCED
 from ..control.proc import (
@@ -37,6 +36,7 @@ from ..control.proc import (
     unit_properties,
 )
 from ..deployment.plan import Plan
+from ..standin.gpu_events import append_fake_event, fake_events_path
 from .faults import FAULTS, DrillError, cut_unit_name, fake_gpu, fault, rank_fault_file
 
 CUT_STATE = "/run/shadowline-drill-cut-{deployment}.json"

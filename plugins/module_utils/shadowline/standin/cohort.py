@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..control.failover_metrics import render_family
+from .failover_metrics import render_family
 from .settings import NcclWatchdog
 
 log = logging.getLogger("shadowline.standin.cohort")

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..control import lock as failover_lock
-from ..control.failover_metrics import FailoverMetrics
 from . import cohort, faults, gms_client, logs, settings, system_server, weights
+from .failover_metrics import FailoverMetrics
 from .progress_metrics import ProgressMetrics
 from .worker import Worker, http_get
 

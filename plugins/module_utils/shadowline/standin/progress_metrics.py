@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import threading
 
-from ..control.failover_metrics import render_family
 from ..control.progress import ENDPOINT, GENERATION_TOKENS, HANDLER_INFLIGHT, RUNNING, samples
+from .failover_metrics import render_family
 
 WORKER_RESPONSE_BYTES = "dynamo_component_response_bytes_total"
 
