@@ -20,7 +20,7 @@ import urllib.request
 from shadowline.control import discovery
 from shadowline.control.etcd_client import Etcd
 from shadowline.control.proc import listening_ports
-from shadowline.slurm.load import Load
+from shadowline.drill.slurm_load import Load
 
 from ..standin import harness
 from .local_infra import loopback_plan

@@ -25,9 +25,9 @@ import pytest
 
 from shadowline.control.access import client_context
 from shadowline.control.etcd_client import Etcd, EtcdAuth, EtcdError
+from shadowline.control.frontend import complete
 from shadowline.model.spec import spec_from_inventory
 from shadowline.model.stage import ensure_model
-from shadowline.slurm.load import complete
 
 from .instance import tb
 

@@ -51,6 +51,12 @@ def completion_body(model: str, max_tokens: int = 4) -> bytes:
                        "max_tokens": max_tokens, "stream": False}).encode()
 
 
+def complete(url: str, model: str, timeout: float = 5.0) -> tuple[int, str]:
+    """One chat completion; (HTTP status or 0, body or error text)."""
+    request, text = exchange(url, completion_body(model), timeout)
+    return request.status, text
+
+
 def send(url: str, body: bytes, timeout_s: float, seq: int = 0, context: ssl.SSLContext | None = None) -> Request:
     """One chat completion; ok means HTTP 200 with a JSON body that has ``choices``. ``context``: the CA and
     client certificate of an https:// frontend (control/access.py, frontend_context)."""

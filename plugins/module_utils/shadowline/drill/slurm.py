@@ -43,8 +43,8 @@ from ..control.cohort_state import leader_view
 from ..control.etcd_client import EtcdError
 from ..control.events import read_events
 from ..deployment.plan import Plan
-from ..slurm.load import Load
 from .faults import DrillError
+from .slurm_load import Load
 
 FAULTS = {
     "kill-worker": ("kill", "last"),
@@ -127,7 +127,7 @@ def inject(job: dict[str, Any], step_id: str, fault: str, at: float, python: str
     target = nodes[0] if where == "first" or len(nodes) == 1 else nodes[-1]
     rank = 0 if target is nodes[0] else len(nodes) - 1
     argv = ["srun", f"--jobid={job['job_id']}", "--overlap", f"--nodes={len(nodes)}", "--ntasks-per-node=1",
-            "--job-name=drill", "--label", python, "-m", "shadowline.slurm.fault", "--step", step_id,
+            "--job-name=drill", "--label", python, "-m", "shadowline.drill.slurm_fault", "--step", step_id,
             "--target-node", target["name"], "--rank", str(rank), "--fault", action, "--at", f"{at:.3f}",
             "--timeout", f"{timeout:g}"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -45,6 +45,7 @@ from ..control.access import ensure_etcd_auth, etcd_context, etcd_for
 from ..control.cohort_state import leader_state
 from ..control.etcd_client import EtcdError
 from ..control.events import EventLog
+from ..control.frontend import complete
 from ..control.policy import RelaunchPolicy
 from ..control.waits import http_check, listening_check, poll
 from ..deployment.plan import Plan
@@ -52,7 +53,6 @@ from ..model.fsutil import atomic_write_json
 from ..model.readiness import readiness_gate
 from .allocation import AllocationError, Node, allocation, concrete, read_spec
 from .job_secrets import BUNDLE, make_bundle
-from .load import complete
 from .options import SlurmOptions
 from .watchdog import EVENT_PREFIX
 

@@ -1,5 +1,5 @@
-"""One node's part of a failover drill: ``python -m shadowline.slurm.fault --step J.S ...``, run by the drill as
-``srun --jobid=J --overlap`` with one task on every node of the job.
+"""One node's part of a failover drill: ``python -m shadowline.drill.slurm_fault --step J.S ...``, run by the drill
+as ``srun --jobid=J --overlap`` with one task on every node of the job.
 
 Each task lists the processes of the cohort's step on its node (``scontrol listpids J.S``), waits until the
 agreed start time (so every node watches before the fault), and on the target node injects the fault:
@@ -86,7 +86,7 @@ def run(step: str, target_node: str, rank: int, fault: str, at: float, timeout: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m shadowline.slurm.fault")
+    p = argparse.ArgumentParser(prog="python -m shadowline.drill.slurm_fault")
     p.add_argument("--step", required=True, help="JOB.STEP of the cohort")
     p.add_argument("--target-node", required=True)
     p.add_argument("--rank", type=int, default=0, help="node rank of the engine process to hit")

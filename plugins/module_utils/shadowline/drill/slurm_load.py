@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..control.frontend import completion_body, exchange
+from ..control.frontend import complete
 
 
 @dataclass
@@ -24,12 +24,6 @@ class Request:
     @property
     def ok(self) -> bool:
         return self.status == 200
-
-
-def complete(url: str, model: str, timeout: float = 5.0) -> tuple[int, str]:
-    """One chat completion; (HTTP status or 0, body or error text)."""
-    request, text = exchange(url, completion_body(model), timeout)
-    return request.status, text
 
 
 class Load:
