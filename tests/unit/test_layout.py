@@ -2,7 +2,9 @@
 
 - production code never leans on test tooling or the fake: no module outside ``drill/`` and ``standin/`` imports
   from either (but the stand-in backend's own strategy, ``backends/standin.py``, may ask the stand-in, and the
-  operator's command line, ``cli.py``, offers the drill report as one of its subcommands);
+  operator's command line, ``cli.py``, offers the drill report as one of its subcommands); nor does any reach
+  either through the library's own imports, nor any Ansible plugin but the drills' own (the stand-in backend is
+  the one door: test_production_code_does_not_reach_drills_or_the_stand_in);
 - the plan is typed past its one boundary: no ``plan["..."]`` read and no ``Plan = dict`` outside
   ``deployment/plan.py``;
 - backend differences live in ``backends/``: no comparison with a backend's name anywhere else;
@@ -13,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -108,3 +111,111 @@ def test_the_plan_type_loads_without_the_contract_pki_or_container():
     assert "shadowline.deployment.plan" in loaded
     coupled = loaded & {f"shadowline.deployment.{m}" for m in ("contract", "pki", "container", "plan_builder")}
     assert not coupled, f"importing deployment/plan.py loads {sorted(coupled)}: keep the builder's needs in plan_builder.py"
+
+
+# -- what production code reaches, import by import ------------------------------------------------------------- #
+
+PREFIXES = ("shadowline.", "ansible_collections.shadowline.gms.plugins.module_utils.shadowline.")
+DOOR = ("backends.standin", "standin")  # the stand-in backend's strategy may ask the stand-in (and only it)
+DRILL_PLUGINS = {"drill_load", "drill_probe", "drill_report", "fault_inject"}  # the drills' own Ansible face
+
+
+def library_module(name: str) -> Path | None:
+    """The file of a library module by its dotted name under shadowline (``control.agent``), or None."""
+    base = LIB.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def dotted(path: Path) -> str:
+    parts = list(path.relative_to(LIB).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def library_parts(name: str) -> list[str] | None:
+    """A module's name as parts under shadowline (``shadowline.control.agent``, or as Ansible imports it from the
+    collection), or None: not the library's."""
+    for prefix in PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):].split(".")
+    return None
+
+
+@functools.cache
+def imported_modules(path: Path) -> frozenset[str]:
+    """The library modules an import statement anywhere in ``path`` (at the top or in a function) loads: the module
+    named, a submodule imported by name, and every package above them (importing ``backends.base`` runs
+    ``backends/__init__.py`` first)."""
+    here = list(path.relative_to(LIB).parts[:-1]) if path.is_relative_to(LIB) else []
+    named: list[list[str]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[:len(here) - (node.level - 1)] + (node.module.split(".") if node.module else [])
+            elif node.module and library_parts(node.module):
+                base = library_parts(node.module)
+            else:
+                continue
+            named.append(base)
+            named += [base + [a.name] for a in node.names]
+        elif isinstance(node, ast.Import):
+            named += [parts for a in node.names if (parts := library_parts(a.name))]
+    found: set[str] = set()
+    for parts in named:
+        for end in range(1, len(parts) + 1):
+            name = ".".join(parts[:end])
+            if library_module(name) is not None:
+                found.add(name)
+    return frozenset(found)
+
+
+def reached(start: Path) -> dict[str, str]:
+    """Every library module ``start`` loads, directly or through the modules it loads, each with the one it was
+    reached from (its parent in the walk; a library module ``start`` is in it too, reached from "")."""
+    name = dotted(start) if start.is_relative_to(LIB) else ""
+    parents: dict[str, str] = {name: ""} if name else {}
+    todo = [(start, name)]
+    while todo:
+        path, name = todo.pop()
+        for module in sorted(imported_modules(path)):
+            if module in parents or (name == DOOR[0] and module.split(".")[0] == DOOR[1]):
+                continue
+            parents[module] = name
+            todo.append((library_module(module), module))
+    return parents
+
+
+def production_entry_points() -> list[Path]:
+    """Every library module outside ``drill/`` and ``standin/`` but the operator's command line (``cli.py``, whose
+    drill report subcommand is the direct rule's other exception), and every Ansible module, action and filter
+    plugin but the drills' own (drill_*, fault_inject)."""
+    points = [p for p in library_files() if package_of(p) not in ("drill", "standin") and p != LIB / "cli.py"]
+    for kind in ("modules", "action", "filter"):
+        points += sorted(p for p in (ROOT / "plugins" / kind).glob("*.py") if p.stem not in DRILL_PLUGINS)
+    return points
+
+
+@pytest.mark.parametrize("path", production_entry_points(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_production_code_does_not_reach_drills_or_the_stand_in(path: Path):
+    """The direct rule above, followed through the library's own imports: from each production module (the agent's
+    ``control/``, ``deployment/``, ``slurm/``, ``backends/``, ``model/``; ``cli.py`` aside) and each Ansible plugin
+    (the drills' own aside), the walk follows every import statement of ``shadowline`` (at the top of a module or
+    inside a function, with the packages each one loads) and must reach nothing under ``drill/`` or ``standin/``.
+
+    One door is not followed: ``backends/standin.py`` asking ``standin/`` (its imports are inside its methods, so
+    they run only where the deployment runs the stand-in). Every reader of a plan reaches ``backends/`` through
+    ``deployment/plan.py`` (``Plan.engine``), so without the door the rule could not hold; with it, the rule says
+    what matters: production code names no fake itself, and the stand-in is reached only by asking the backend
+    strategy (the direct rule keeps every other module of ``backends/`` off ``standin/``)."""
+    parents = reached(path)
+    leaks = sorted(m for m in parents if m.split(".")[0] in ("drill", "standin"))
+    chains = []
+    for module in leaks:
+        chain = [module]
+        while parents[chain[-1]]:
+            chain.append(parents[chain[-1]])
+        chains.append(" <- ".join(chain))
+    assert not leaks, (f"{path.relative_to(ROOT)} reaches test tooling or the fake: {'; '.join(chains)}: move what "
+                       "it needs into its home, or let the backend strategy supply it")
