@@ -1,6 +1,7 @@
 """Shared test setup: make the library importable as ``shadowline`` (as daemons on nodes import it)."""
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -9,6 +10,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins" / "module_utils"))
 sys.path.insert(0, str(ROOT))
+
+# scripts/test-suite runs one stream as a background job of a non-interactive shell, which starts it with SIGINT
+# ignored, and an ignored signal stays ignored in every process a test starts (a Python child then never raises
+# KeyboardInterrupt: the Ctrl-C test of `shadowline status --watch` hung in CI). A handled one is reset by exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The end-to-end tests' shared fixtures (site_testbed, site_runtime), available to every test module that asks.
 pytest_plugins = ["tests.e2e.site_helpers"]

@@ -284,7 +284,7 @@ def test_load_is_bounded_and_records_every_answer(frontend: str) -> None:
     assert [r.seq for r in requests] == list(range(20))
     assert sum(r.ok for r in requests) == 5 and {r.status for r in requests if not r.ok} == {503}
     spacing = [b.start - a.start for a, b in zip(requests, requests[1:])]
-    assert max(spacing) < 0.1
+    assert max(spacing) < 0.5, spacing  # open loop at 0.025 s; a safety bound for a loaded machine
     summary = summarize(requests)
     assert summary["sent"] == 20 and summary["failed"] == 15
 
