@@ -76,7 +76,6 @@ demo: runtime ## run the main job on the embedded default (root: boots a 2-host 
 
 test: runtime ## run the whole suite (unit, testbed, end-to-end, molecule, lint, build, ansible-test sanity)
 	scripts/test-suite
-	$(MAKE) --no-print-directory lint build sanity
 
 lint: setup ## ansible-lint (production profile) and a Python byte-compile check
 	$(BIN)/ansible-lint --profile production -q
