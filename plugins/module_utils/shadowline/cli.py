@@ -40,6 +40,7 @@ from .ansible_runner import CHECKOUT, PROG, ansible_env, ansible_tool, failure_o
 from .completion import bash_completion, zsh_completion
 from .deployment.plan import Plan
 
+
 # -- Ansible, when a subcommand reads an inventory ------------------------------------------------------------ #
 
 def plan_of(inventory: str) -> dict:
