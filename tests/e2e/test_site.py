@@ -17,7 +17,7 @@ two shadows. The tests run in file order and build on each other (one deployment
    (host_vars beside the inventory, for this file only), and sentinel files planted beside and above each of them
    and beside the state and configuration directories before the first site.yml are all still there after
    site.yml, after teardown.yml and after teardown.yml -e teardown_models=true (which removes the staged model,
-   and only it).
+   and only it); so does an upgrade.yml run before the teardown.
 
 Every playbook here connects as a non-root SSH user with sudo rights and ``ansible_become: true`` (host_vars, for
 this file only), as on a site that forbids root logins; preflight without become refuses it by name.
@@ -136,11 +136,21 @@ USER_DIRS = ["/srv/sl-victim", "/srv/sl-models", "/srv/sl-keep"]
 
 def user_paths() -> dict[str, Any]:
     """host_vars of every node: the testbed's gms_model with a local_dir of the user's, gms_socket_dir and
-    gms_lock_path of the user's, and the SSH user: not root but OPERATOR, with become."""
-    model = yaml.safe_load((REPO / "inventories" / "testbed" / "group_vars" / "gms_nodes.yml").read_text())["gms_model"]
+    gms_lock_path of the user's, the SSH user: not root but OPERATOR, with become, and detection that tolerates
+    a loaded machine."""
+    group_vars = yaml.safe_load((REPO / "inventories" / "testbed" / "group_vars" / "gms_nodes.yml").read_text())
+    model = group_vars["gms_model"]
     return {"gms_socket_dir": USER_SOCKET_DIR, "gms_lock_path": f"{USER_SOCKET_DIR}/failover.lock",
             "gms_model": {**model, "local_dir": f"{USER_MODEL_PARENT}/{model['revision']}"},
-            "ansible_user": OPERATOR, "ansible_become": True}
+            "ansible_user": OPERATOR, "ansible_become": True,
+            "gms_failover": {**group_vars["gms_failover"], **LOAD_TOLERANT_DETECTION}}
+
+
+# This file asserts that nothing restarts that need not (a second run, a shadow change, the frontend's TLS): its
+# deployment's hang detection tolerates a loaded machine (CI runs two test streams at once; at the testbed's 1 s
+# a stand-in's /health once took 1.5 s during a converge and the agents rightly relaunched a shadow). The drills
+# measure detection at the testbed's own settings.
+LOAD_TOLERANT_DETECTION = {"health_timeout_s": 5.0, "progress_stall_s": 5.0, "canary_interval_s": 3.0}
 
 
 # -- a non-root SSH user with sudo rights (issue #42) ---------------------------------------------------------- #
@@ -590,6 +600,11 @@ def test_units_are_sandboxed(site: Site, request: pytest.FixtureRequest) -> None
     assert all(figures[k] <= limit for k, limit in EXPOSURE_LIMITS.items()), figures
 
 
+# The relaunch comes this long after the kill: long enough for ansible to have started the wait on a loaded
+# machine (CI runs two test streams at once; at 5 s the relaunch once came first and the wait saw nothing).
+RELAUNCH_AFTER_S = 15
+
+
 def test_wait_ready_stops_for_a_refusal_and_waits_out_a_relaunch(site: Site) -> None:
     """shadowline.gms.wait_ready with ``unit``, on a testbed host's systemd: a unit whose process exits with a
     failure status (an engine refusing its arguments) fails the wait within a second, naming it; a unit killed by
@@ -606,11 +621,11 @@ def test_wait_ready_stops_for_a_refusal_and_waits_out_a_relaunch(site: Site) -> 
     assert "not a number of tokens" in refused["msg"] and time.monotonic() - started < 20, refused
     host_sh("node2", "systemd-run --unit sl-wait-killed --quiet sleep 600; sleep 0.3; "
                      "systemctl kill -s KILL sl-wait-killed.service; "
-                     "(sleep 5; systemctl reset-failed sl-wait-killed.service; systemd-run --unit sl-wait-killed "
-                     f"--quiet python3 -m http.server {port} --bind 127.0.0.1) >/dev/null 2>&1 &")
+                     f"(sleep {RELAUNCH_AFTER_S}; systemctl reset-failed sl-wait-killed.service; systemd-run "
+                     f"--unit sl-wait-killed --quiet python3 -m http.server {port} --bind 127.0.0.1) >/dev/null 2>&1 &")
     try:
         relaunched = ansible_adhoc("node2", "shadowline.gms.wait_ready",
-                                   f"url={url} unit=sl-wait-killed.service timeout_s=30")["node2"]
+                                   f"url={url} unit=sl-wait-killed.service timeout_s=60")["node2"]
         assert relaunched["_status"] == "SUCCESS" and relaunched["ready"], relaunched
         assert relaunched["waited_s"] > 1.0, f"the wait never saw the killed unit: {relaunched}"
     finally:
@@ -768,6 +783,22 @@ def test_frontend_over_mutual_tls(site: Site, request: pytest.FixtureRequest) ->
                  f"over HTTPS: promoted cohort {result['promoted_cohort']}, {result['failed_before_promotion']} "
                  "failed before the promotion, 0 after")
     site.steps["frontend tls"] = True
+
+
+def test_an_upgrade_leaves_the_users_files(site: Site, request: pytest.FixtureRequest) -> None:
+    """upgrade.yml with the user's socket, lock and model paths (the engines' arguments changed: the model checked
+    on every node, every shadow relaunched, the serving cohort handed over): every sentinel beside and above them
+    stays, and the upgrade ends with every cohort on the new command."""
+    site.need("frontend tls")
+    engine = json.dumps({"gms_engine": {"backend": "standin", "tensor_parallel_size": len(HOSTS), "gpus_per_node": 1,
+                                        "extra_args": ["--max-model-len", "1024"]}})
+    args = [a for v in (f"gms_cohorts={COHORTS}", SHADOW_CHANGE, FRONTEND_TLS, engine) for a in ("-e", v)]
+    run = run_playbook("upgrade.yml", *args, log_name="site-4-upgrade")
+    site.timings["upgrade"] = run.seconds
+    assert run.ok(), f"upgrade.yml failed (rc {run.returncode}):\n{run.tail()}"
+    assert "every cohort on the new configuration" in run.output, run.tail()
+    check_sentinels("after upgrade.yml")
+    say(request, f"upgrade.yml with the user's paths: {run.seconds} s, every sentinel kept")
 
 
 # -- 5. teardown leaves nothing ----------------------------------------------------------------------------------- #
