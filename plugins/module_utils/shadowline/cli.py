@@ -41,8 +41,6 @@ from .completion import bash_completion, zsh_completion
 from .deployment.plan import Plan
 
 
-# -- Ansible, when a subcommand reads an inventory ------------------------------------------------------------ #
-
 def plan_of(inventory: str) -> dict:
     """The plan as shadowline.gms.cohort_plan computes it: Ansible templates the inventory, no host is contacted.
     The module's result is read from the file ansible-core's own tree callback writes for the host (not from
