@@ -8,15 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.common.problems import (
+    Problem,
+    format_problems,
+)
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.contract import (
     missing_group_problem,
     parse_contract,
 )
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan_builder import checked_plan
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.problems import (
-    Problem,
-    format_problems,
-)
 from ansible_collections.shadowline.gms.plugins.plugin_utils.hostvars import contract_hosts, read_host
 
 

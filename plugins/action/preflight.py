@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.contract import missing_group_problem
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.preflight import run_preflight
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.problems import (
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.common.problems import (
     Problem,
     format_problems,
 )
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.contract import missing_group_problem
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.preflight import run_preflight
 from ansible_collections.shadowline.gms.plugins.plugin_utils.hostvars import contract_hosts, read_host
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.lock import parse_holder
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.common.lock import parse_holder
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import units
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan, restart_order
 

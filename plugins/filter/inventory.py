@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.common.problems import format_problems
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.contract import (
     NODES_GROUP,
     missing_group_problem,
 )
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.problems import format_problems
 
 
 def group_problem(groups: dict[str, Any], group: str = NODES_GROUP) -> str:

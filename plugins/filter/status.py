@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.status_table import render_status_table
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.cluster.status_table import (
+    render_status_table,
+)
 
 
 def status_table(results: list[dict[str, Any]], model: str = "") -> str:

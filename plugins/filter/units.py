@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.access import (
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.cluster.access import (
     agent_url,
     etcd_tls_files,
     frontend_tls_files,

@@ -73,7 +73,7 @@ failover:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.cohort_state import (
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.cluster.cohort_state import (
     lock_holder,
     rank_states,
 )

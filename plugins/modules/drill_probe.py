@@ -146,8 +146,8 @@ gms:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.cohort_state import lock_holder
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.events import read_events
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.cluster.cohort_state import lock_holder
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.common.events import read_events
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.faults import (
     DrillError,

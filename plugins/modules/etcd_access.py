@@ -58,12 +58,12 @@ changed_items:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.access import (
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.cluster.access import (
     ensure_etcd_auth,
     etcd_context,
     read_secret,
 )
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.etcd_client import EtcdError
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.common.etcd_client import EtcdError
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import ETCD_USERS, Plan
 
 

@@ -111,8 +111,8 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.access import client_context
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.waits import (
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.cluster.access import client_context
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.cluster.waits import (
     every,
     files_check,
     holder_check,

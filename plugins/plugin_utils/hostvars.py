@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleError
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.problems import Problem
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.common.problems import Problem
 
 HOST_KEYS = ("ansible_host", "python_env_mode")  # python_env_mode: container changes the plan (deployment/container.py)
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shadowline.control.access import agent_url, client_context, controller_etcd
-from shadowline.control.discovery import registrations
-from shadowline.control.etcd_client import Etcd
-from shadowline.control.failover_metrics import engine_failover_view
-from shadowline.control.http import http_get
+from shadowline.cluster.access import agent_url, client_context, controller_etcd
+from shadowline.cluster.discovery import registrations
+from shadowline.common.etcd_client import Etcd
+from shadowline.common.failover_metrics import engine_failover_view
+from shadowline.common.http import http_get
 from shadowline.deployment.plan import Plan
 from shadowline.drill.load import Request, run_load
 

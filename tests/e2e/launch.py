@@ -29,7 +29,7 @@ for _path in (str(REPO), str(LIB)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from shadowline.control.waits import poll
+from shadowline.cluster.waits import poll
 from shadowline.deployment.contract import parse_contract
 from shadowline.deployment.plan import Plan, Process
 from shadowline.deployment.plan_builder import build_plan
@@ -190,8 +190,8 @@ def process_state(host: str, pid: int) -> str | None:
 
 
 def lock_state(host: str, lock_path: str) -> tuple[bool, str | None]:
-    """(``shadowline.control.lock.is_locked``, ``read_holder``) of the lock file, evaluated inside the host."""
-    code = ("import sys; from shadowline.control import lock; p = sys.argv[1]; "
+    """(``shadowline.common.lock.is_locked``, ``read_holder``) of the lock file, evaluated inside the host."""
+    code = ("import sys; from shadowline.common import lock; p = sys.argv[1]; "
             "print(lock.is_locked(p), lock.read_holder(p) or '')")
     out = run_in(host, [str(RUNTIME_PY), "-c", code, lock_path]).stdout.split()
     return out[0] == "True", (out[1] if len(out) > 1 else None)
@@ -232,7 +232,7 @@ def machine_processes(host: str, name: str) -> list[MachineProcess]:
 
 def wait_for(what: str, check: Check, timeout_s: float, interval_s: float = 0.1,
              explain: Callable[[], str] | None = None) -> float:
-    """Poll ``check`` (None: ready, else what it saw; ``shadowline.control.waits.poll``) for at most ``timeout_s``.
+    """Poll ``check`` (None: ready, else what it saw; ``shadowline.cluster.waits.poll``) for at most ``timeout_s``.
     Returns the seconds waited; on timeout fails with what was seen last and ``explain()`` (e.g. a journal)."""
     ready, waited, seen = poll(check, timeout_s, interval_s)
     if not ready:

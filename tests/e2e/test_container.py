@@ -83,7 +83,7 @@ def unit_main(host: str, unit: str) -> dict[str, Any]:
     """The process that runs the plan's argv in ``unit`` (the container's first one), read on ``host``."""
     script = (
         "import json, sys; sys.path.insert(0, sys.argv[2]);"
-        "from shadowline.control.cohort_state import unit_status;"
+        "from shadowline.cluster.cohort_state import unit_status;"
         "pid = unit_status(sys.argv[1])['pid'];"
         "status = dict(l.split(':', 1) for l in open(f'/proc/{pid}/status') if ':' in l);"
         "print(json.dumps({'pid': pid, 'argv': open(f'/proc/{pid}/cmdline').read().split(chr(0))[:-1],"

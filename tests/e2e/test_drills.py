@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from shadowline.control.coordination import Coordination
+from shadowline.common.coordination import Coordination
 from shadowline.deployment.units import CONFIG_ENV, cohort_config
 from testbed.inventory import failover_of_testbed
 from testbed.pytest_fixtures import skip_reason

@@ -29,10 +29,10 @@ from typing import Any
 
 import pytest
 
-from shadowline.control import discovery
-from shadowline.control.coordination import Keys, RecordInvalid, Slot
-from shadowline.control.etcd_client import Etcd
-from shadowline.control.frontend import send
+from shadowline.cluster import discovery
+from shadowline.common.coordination import Keys, RecordInvalid, Slot
+from shadowline.common.etcd_client import Etcd
+from shadowline.common.frontend import send
 from testbed.inventory import failover_of_testbed
 from testbed.pytest_fixtures import skip_reason
 

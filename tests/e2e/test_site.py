@@ -44,10 +44,10 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from shadowline.control import discovery
-from shadowline.control.access import agent_url, client_context, controller_etcd, frontend_context
-from shadowline.control.frontend import completion_body, send
-from shadowline.control.http import http_get
+from shadowline.cluster import discovery
+from shadowline.cluster.access import agent_url, client_context, controller_etcd, frontend_context
+from shadowline.common.frontend import completion_body, send
+from shadowline.common.http import http_get
 from shadowline.deployment.pki import ensure_pki
 from shadowline.deployment.plan import Plan
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowline.control.failover_metrics import engine_failover_view
+from shadowline.common.failover_metrics import engine_failover_view
 from shadowline.deployment.plan import Plan
 from shadowline.standin.settings import heartbeat_path
 

@@ -1,4 +1,4 @@
-"""shadowline.control.discovery against the real thing: etcd, NATS, dynamo.frontend and real Dynamo workers on loopback.
+"""shadowline.cluster.discovery against the real thing: etcd, NATS, dynamo.frontend and real Dynamo workers on loopback.
 
 1. Two ``dynamo.mocker`` workers laid out like real ``dynamo.vllm`` leaders of cohorts 0 and 1 (each worker's
    DYN_SYSTEM_PORT is its cohort's system port): what the records contain, the cohort match, and how fast a
@@ -17,9 +17,9 @@ import threading
 import time
 import urllib.request
 
-from shadowline.control import discovery
-from shadowline.control.etcd_client import Etcd
-from shadowline.control.proc import listening_ports
+from shadowline.cluster import discovery
+from shadowline.common.etcd_client import Etcd
+from shadowline.common.proc import listening_ports
 from shadowline.drill.slurm_load import Load
 
 from ..standin import harness

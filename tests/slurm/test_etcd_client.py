@@ -1,4 +1,4 @@
-"""shadowline.control.etcd_client against a real etcd 3.4 on 127.0.0.1 (the node agent depends on this API)."""
+"""shadowline.common.etcd_client against a real etcd 3.4 on 127.0.0.1 (the node agent depends on this API)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from shadowline.control.etcd_client import KV, Etcd, EtcdError, Event, prefix_end
+from shadowline.common.etcd_client import KV, Etcd, EtcdError, Event, prefix_end
 
 from ..loopback import free_port, start_etcd
 

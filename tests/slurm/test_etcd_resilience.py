@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from shadowline.control.coordination import FAILED, RUNNING, Coordination, Keys, Slot
-from shadowline.control.etcd_client import Etcd, EtcdError
+from shadowline.common.coordination import FAILED, RUNNING, Coordination, Keys, Slot
+from shadowline.common.etcd_client import Etcd, EtcdError
+from shadowline.common.http import KeptConnections
 from shadowline.control.feed import EtcdFeed
-from shadowline.control.http import KeptConnections
 
 from ..loopback import CuttingProxy, start_etcd, wait_until
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shadowline.control.policy import RelaunchPolicy
+from shadowline.common.policy import RelaunchPolicy
 from shadowline.deployment.plan import Plan
 from shadowline.slurm.allocation import Node, concrete, read_spec
 from shadowline.slurm.job import job_context, sh

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from shadowline.control.access import client_context
-from shadowline.control.etcd_client import Etcd, EtcdAuth, EtcdError
-from shadowline.control.frontend import complete
+from shadowline.cluster.access import client_context
+from shadowline.common.etcd_client import Etcd, EtcdAuth, EtcdError
+from shadowline.common.frontend import complete
 from shadowline.model.spec import spec_from_inventory
 from shadowline.model.stage import ensure_model
 

@@ -18,8 +18,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from shadowline.control import discovery, lock
-from shadowline.control.etcd_client import Etcd
+from shadowline.cluster import discovery
+from shadowline.common import lock
+from shadowline.common.etcd_client import Etcd
 from shadowline.slurm.watchdog import EVENT_PREFIX, HANG_EXIT
 
 from ..loopback import free_port, wait_until

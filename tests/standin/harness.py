@@ -27,7 +27,7 @@ for _path in (REPO, LIB):  # measure_failover.py imports this file as the top-le
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from shadowline.control.waits import listening_check  # noqa: E402  (after the path above)
+from shadowline.cluster.waits import listening_check  # noqa: E402  (after the path above)
 from tests.loopback import HOST, etcd_argv, free_port, wait_healthy, wait_until  # noqa: E402  (harness.free_port ...)
 
 

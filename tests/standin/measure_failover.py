@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
-from shadowline.control import lock  # noqa: E402
+from shadowline.common import lock  # noqa: E402
 
 GPUS = ["GPU-7a1c0000-0000-4000-8000-0000000000m0", "GPU-7a1c0000-0000-4000-8000-0000000000m1"]
 

@@ -10,8 +10,8 @@ import re
 import signal
 import time
 
-from shadowline.control import failover_metrics as fm
-from shadowline.control import lock
+from shadowline.common import failover_metrics as fm
+from shadowline.common import lock
 
 from . import harness
 

@@ -1,4 +1,4 @@
-"""shadowline.standin.failover_metrics (the writer) and shadowline.control.failover_metrics (names, parsing): exact
+"""shadowline.standin.failover_metrics (the writer) and shadowline.common.failover_metrics (names, parsing): exact
 names and labels, persisted counters, parsing."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
-from shadowline.control import failover_metrics as fm
+from shadowline.common import failover_metrics as fm
 from shadowline.standin.failover_metrics import FailoverMetrics, load_counters
 
 

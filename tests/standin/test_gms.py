@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from shadowline.control import lock
+from shadowline.common import lock
 from shadowline.standin import gms_client, settings, weights
 
 from . import harness

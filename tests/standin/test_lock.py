@@ -1,4 +1,4 @@
-"""shadowline.control.lock: acquire, holder content, release on SIGKILL, a probe that does not steal."""
+"""shadowline.common.lock: acquire, holder content, release on SIGKILL, a probe that does not steal."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import textwrap
 import threading
 import time
 
-from shadowline.control import lock
+from shadowline.common import lock
 
 from . import harness
 
 HOLDER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {lib!r})
-    from shadowline.control import lock
+    from shadowline.common import lock
     held = lock.acquire({path!r}, {engine!r})
     print("held", held.contended, flush=True)
     time.sleep(600)

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from shadowline.control import failover_metrics as fm
-from shadowline.control import lock
+from shadowline.common import failover_metrics as fm
+from shadowline.common import lock
 
 from . import harness
 

@@ -1,4 +1,4 @@
-"""etcd's role-based access as control/access.py sets it up, against a real etcd (issue #13): a client without
+"""etcd's role-based access as cluster/access.py sets it up, against a real etcd (issue #13): a client without
 credentials writes nothing, an engine's identity cannot forge a slot record, the agent's can; tokens renew."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from shadowline.control.access import AGENT, DYNAMO, ROOT, ensure_etcd_auth, etcd_from_env
-from shadowline.control.coordination import RUNNING, Coordination, Slot
-from shadowline.control.etcd_client import Etcd, EtcdAuth, EtcdError
+from shadowline.cluster.access import AGENT, DYNAMO, ROOT, ensure_etcd_auth, etcd_from_env
+from shadowline.common.coordination import RUNNING, Coordination, Slot
+from shadowline.common.etcd_client import Etcd, EtcdAuth, EtcdError
 from tests.loopback import CuttingProxy, start_etcd
 
 PASSWORDS = {ROOT: "root-pw-0123456789", AGENT: "agent-pw-0123456789", DYNAMO: "dynamo-pw-0123456789"}

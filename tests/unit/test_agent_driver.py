@@ -3,6 +3,11 @@ actions out. No process, no etcd, no testbed."""
 
 from __future__ import annotations
 
+from shadowline.common.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
+from shadowline.common.frontend import Request
+from shadowline.common.lock_identity import FileId, LockSeen
+from shadowline.common.policy import HangPolicy, RelaunchPolicy
+from shadowline.common.progress import Observation
 from shadowline.control.actions import (
     AgentBack,
     AgentLost,
@@ -26,7 +31,6 @@ from shadowline.control.actions import (
     SwapSlot,
     TakeBridge,
 )
-from shadowline.control.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
 from shadowline.control.driver_duties import (
     PROMOTION_TIMEOUT_S,
     PromotionSeen,
@@ -46,11 +50,7 @@ from shadowline.control.driver_duties import (
     watch_agents,
     watch_idle_serving,
 )
-from shadowline.control.frontend import Request
-from shadowline.control.lock_identity import FileId, LockSeen
 from shadowline.control.memory import Canary, DriverMemory, NodeMemory, Promotion
-from shadowline.control.policy import HangPolicy, RelaunchPolicy
-from shadowline.control.progress import Observation
 from shadowline.control.view import Active, DeploymentView, Invalid, SlotEntry
 from shadowline.deployment.plan import Plan
 

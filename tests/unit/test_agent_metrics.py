@@ -16,6 +16,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from shadowline.common.coordination import Slot
+from shadowline.common.http import http_get
 from shadowline.control import metrics_server
 from shadowline.control.agent_metrics import (
     BUCKETS,
@@ -27,8 +29,6 @@ from shadowline.control.agent_metrics import (
     PREFIX,
     AgentMetrics,
 )
-from shadowline.control.coordination import Slot
-from shadowline.control.http import http_get
 from shadowline.control.view import Active, DeploymentView, SlotEntry
 from shadowline.model.spec import status_path_for
 from shadowline.model.status import DOWNLOADING, READY, ModelStatus, write_status
@@ -236,7 +236,7 @@ def test_with_tls_only_a_client_of_the_deployments_ca_is_served(tmp_path, monkey
     """Secure by default: the endpoint wants a client certificate of the deployment's CA; a plain-text client, a
     client without a certificate and one of another deployment's CA get nothing; the handshake runs in the
     request's thread, so a client that never sends one does not stop a scrape."""
-    from shadowline.control.access import client_context
+    from shadowline.cluster.access import client_context
     from shadowline.deployment.pki import ensure_pki
 
     monkeypatch.setattr(metrics_server, "IDLE_TIMEOUT_S", 0.5)

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import threading
 
+from shadowline.common.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
+from shadowline.common.gpu_health import GpuFault
+from shadowline.common.policy import HangPolicy
+from shadowline.common.progress import Observation, ProgressSample
+from shadowline.common.settings import Failover
+from shadowline.common.xid_table import NODE_SERVICE, NONE, RESTART_APP
 from shadowline.control.actions import (
     AbandonStart,
     CheckStart,
@@ -29,8 +35,6 @@ from shadowline.control.actions import (
     Untrack,
     WakeAt,
 )
-from shadowline.control.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
-from shadowline.control.gpu_health import GpuFault
 from shadowline.control.memory import LocalRank, NodeMemory, Start, Teardown
 from shadowline.control.node_duties import (
     abandon_stale_start,
@@ -54,11 +58,7 @@ from shadowline.control.node_duties import (
     teardowns_due,
 )
 from shadowline.control.observe import HealthAnswer, StartCheck, UnitState
-from shadowline.control.policy import HangPolicy
-from shadowline.control.progress import Observation, ProgressSample
 from shadowline.control.view import Active, DeploymentView, Invalid, Now, SlotEntry
-from shadowline.control.xid_table import NODE_SERVICE, NONE, RESTART_APP
-from shadowline.deployment.settings import Failover
 
 FAILOVER = Failover(health_timeout_s=3.0, term_grace_s=0.0, planned_grace_s=5.0,
                     agent_lease_ttl_s=3, relaunch_backoff_s=1.0, relaunch_backoff_max_s=30.0,

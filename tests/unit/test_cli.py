@@ -174,7 +174,7 @@ def plan_file(tmp_path: Path) -> Path:
 def test_status_as_json_and_yaml_holds_what_the_table_shows(installed: Path, tmp_path: Path):
     import yaml
 
-    from shadowline.control.status_table import status_document, table_rows
+    from shadowline.cluster.status_table import status_document, table_rows
     plan = plan_file(tmp_path)
     table = shadowline(installed, "status", "--plan", str(plan), "--host", "node0")
     as_json = shadowline(installed, "status", "--plan", str(plan), "--host", "node0", "-o", "json")
@@ -202,7 +202,7 @@ def test_status_yaml_without_pyyaml_is_a_clear_error(installed: Path, tmp_path: 
 
 
 def test_the_table_reads_back_as_the_rows_it_printed():
-    from shadowline.control.status_table import render_status_table, status_document, status_rows, table_rows
+    from shadowline.cluster.status_table import render_status_table, status_document, status_rows, table_rows
     ports = {"master": 29500, "system": 9345, "nixl": 5600}
     ranks = [{"cohort": 0, "role": "primary", "host": "n0", "rank": 0, "pid": 4242, "state": "active", "leader": True,
               "ports": ports},

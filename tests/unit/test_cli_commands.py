@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from shadowline import cli
-from shadowline.control import history
-from shadowline.control.status_table import render_status_table
+from shadowline.cluster import history
+from shadowline.cluster.status_table import render_status_table
 from shadowline.drill.report import compute_report
 
 from .test_cli import plan_file

@@ -9,8 +9,7 @@ import json
 
 import pytest
 
-from shadowline.control.actions import Declare, Launch, LaunchFailed, NoteMixed, PublishRank, Record, SwapSlot
-from shadowline.control.coordination import (
+from shadowline.common.coordination import (
     FAILED,
     LAUNCHING,
     RUNNING,
@@ -21,12 +20,13 @@ from shadowline.control.coordination import (
     Slot,
     agent_instance,
 )
+from shadowline.common.etcd_client import KV
+from shadowline.common.policy import CONFIG_MISMATCH, MIXED_CONFIGURATION, NODE_FENCED
+from shadowline.control.actions import Declare, Launch, LaunchFailed, NoteMixed, PublishRank, Record, SwapSlot
 from shadowline.control.driver_duties import mixed_generations, relaunch_due, unfenced_due
-from shadowline.control.etcd_client import KV
 from shadowline.control.memory import DriverMemory, Start
 from shadowline.control.node_duties import launch_due, publish_due, start_progress, start_refusal
 from shadowline.control.observe import environment_value
-from shadowline.control.policy import CONFIG_MISMATCH, MIXED_CONFIGURATION, NODE_FENCED
 from shadowline.control.view import DeploymentView, SlotEntry, parse_view
 from shadowline.deployment import units
 

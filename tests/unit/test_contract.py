@@ -426,7 +426,7 @@ def test_controller_paths_take_the_home_directory_but_not_home_itself():
 
 
 def test_the_system_directories_have_one_home():
-    from shadowline.deployment.values import SYSTEM_DIRECTORIES, path_problem
+    from shadowline.common.values import SYSTEM_DIRECTORIES, path_problem
 
     for directory in ("/", "/tmp", "/dev/shm", "/etc", "/var/run", "/var/tmp", "/usr/local/bin", "/run"):
         assert directory in SYSTEM_DIRECTORIES

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shadowline.control.coordination import FAILED, LAUNCHING, RUNNING, Coordination, Slot
-from shadowline.control.etcd_client import Etcd
+from shadowline.common.coordination import FAILED, LAUNCHING, RUNNING, Coordination, Slot
+from shadowline.common.etcd_client import Etcd
 from tests.loopback import start_etcd
 
 

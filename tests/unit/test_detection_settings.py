@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 
 from shadowline.backends import backend, dynamo_vllm
+from shadowline.common.settings import DEFAULT_FAILOVER, Failover
 from shadowline.deployment.contract import MANAGED_FLAGS, parse_contract
 from shadowline.deployment.plan import Plan
 from shadowline.deployment.plan_builder import build_plan
-from shadowline.deployment.settings import DEFAULT_FAILOVER, Failover
 
 from .helpers import hostvars
 

@@ -1,6 +1,6 @@
 """etcd's clients over TLS as the plan renders it, against a real etcd 3.4 on loopback, with a real HAProxy and the
 Slurm job's Python proxy (issue #13): the member the plan starts takes only TLS with a client certificate of the
-deployment's CA; the agents' and the controller's JSON-gateway clients (control/access.py) work with their
+deployment's CA; the agents' and the controller's JSON-gateway clients (cluster/access.py) work with their
 certificates without a common name; Dynamo's gRPC reaches etcd through the host's etcd proxy with its own identity
 and no more; the proxy checks the member's certificate names the member."""
 
@@ -18,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from shadowline.control.access import (
+from shadowline.cluster.access import (
     AGENT,
     DYNAMO,
     client_context,
@@ -28,8 +28,8 @@ from shadowline.control.access import (
     etcd_for,
     read_secret,
 )
-from shadowline.control.etcd_client import Etcd, EtcdAuth, EtcdError
-from shadowline.control.http import http_get
+from shadowline.common.etcd_client import Etcd, EtcdAuth, EtcdError
+from shadowline.common.http import http_get
 from shadowline.deployment.contract import parse_contract
 from shadowline.deployment.plan import Plan
 from shadowline.deployment.plan_builder import HAPROXY as HAPROXY_KIND

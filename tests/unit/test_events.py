@@ -1,4 +1,4 @@
-"""shadowline.control.events: the one event log schema the agent and the Slurm supervisor write, and its reader."""
+"""shadowline.common.events: the one event log schema the agent and the Slurm supervisor write, and its reader."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowline.control.events import ERR, INFO, WARNING, EventLog, human_line, read_events
+from shadowline.common.events import ERR, INFO, WARNING, EventLog, human_line, read_events
 
 KEYS = {"time", "node", "cohort", "generation", "event", "detail"}
 
@@ -145,7 +145,7 @@ def test_a_value_with_a_newline_is_sent_in_the_binary_form(tmp_path: Path, journ
     EventLog(str(tmp_path / "events.jsonl"), "node0", journal=path).write("x", when=1.0, note="a")
     raw = sock.recv(65536)
     assert raw.startswith(b"MESSAGE=") and b"SHADOWLINE_DEPLOYMENT" not in raw
-    from shadowline.control.events import journal_datagram
+    from shadowline.common.events import journal_datagram
     binary = journal_datagram({"MESSAGE": "one\ntwo", "PRIORITY": "6"})
     assert binary == b"MESSAGE\n" + struct.pack("<Q", 7) + b"one\ntwo\nPRIORITY=6\n"
     assert parse_datagram(binary) == {"MESSAGE": "one\ntwo", "PRIORITY": "6"}

@@ -14,11 +14,11 @@ from typing import get_args
 
 import pytest
 
+from shadowline.common.etcd_client import Etcd
+from shadowline.common.events import EventLog
 from shadowline.control import actions
 from shadowline.control.actions import NoteMixed, Record, WakeAt
 from shadowline.control.agent_metrics import AgentMetrics
-from shadowline.control.etcd_client import Etcd
-from shadowline.control.events import EventLog
 from shadowline.control.executor import Executor, Schedule
 from shadowline.control.memory import DriverMemory, NodeMemory
 

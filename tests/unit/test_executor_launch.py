@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from shadowline.common.etcd_client import EtcdError
+from shadowline.common.events import EventLog
 from shadowline.control.actions import AbandonStart, CheckStart, Launch, LookAtPromotion
 from shadowline.control.agent_metrics import AgentMetrics
-from shadowline.control.etcd_client import EtcdError
-from shadowline.control.events import EventLog
 from shadowline.control.executor import Executor, Schedule
 from shadowline.control.memory import DriverMemory, NodeMemory, Promotion, PromotionSeen
 from shadowline.control.node_duties import NodeDuties

@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from shadowline.common.coordination import RUNNING, Coordination, Keys, Slot
+from shadowline.common.etcd_client import Etcd
+from shadowline.common.events import EventLog
+from shadowline.common.gpu_health import GpuFault, classify
+from shadowline.common.proc import alive
 from shadowline.control.agent_metrics import AgentMetrics
-from shadowline.control.coordination import RUNNING, Coordination, Keys, Slot
-from shadowline.control.etcd_client import Etcd
-from shadowline.control.events import EventLog
 from shadowline.control.executor import Executor, Schedule
 from shadowline.control.failure_notices import Notifier
-from shadowline.control.gpu_health import GpuFault, classify
 from shadowline.control.memory import LocalRank, NodeMemory
 from shadowline.control.node_duties import gpu_faults, rank_exited, teardowns_due
 from shadowline.control.observe import rank_alive
-from shadowline.control.proc import alive
 from shadowline.control.view import Now
 from shadowline.deployment.contract import parse_contract
 from shadowline.deployment.plan import Plan

@@ -1,5 +1,5 @@
 """The driver's revocation of a failed generation's discovery registration (control/executor.py ``revoke``),
-against a real etcd on loopback holding Dynamo 1.6.1's records (control/discovery.py): the failed generation's
+against a real etcd on loopback holding Dynamo 1.6.1's records (cluster/discovery.py): the failed generation's
 lease goes, and a later generation of the same cohort, registered by the time a deferred revocation is due,
 keeps its own. A real dynamo.vllm leader's card names the cohort's system port, so the cohort's records of both
 generations match the port lookup; revoking the later one would end the worker that serves."""
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from shadowline.cluster.discovery import registrations
+from shadowline.common.coordination import LAUNCHING, RUNNING, Slot
+from shadowline.common.etcd_client import Etcd
+from shadowline.common.events import EventLog
 from shadowline.control.actions import RevokeRegistration
 from shadowline.control.agent_metrics import AgentMetrics
-from shadowline.control.coordination import LAUNCHING, RUNNING, Slot
-from shadowline.control.discovery import registrations
 from shadowline.control.driver_duties import REVOKE_RETRY_S, revoke_due
-from shadowline.control.etcd_client import Etcd
-from shadowline.control.events import EventLog
 from shadowline.control.executor import Executor, Schedule
 from shadowline.control.memory import DriverMemory, NodeMemory
 from shadowline.control.view import DeploymentView, Now, SlotEntry

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from shadowline.cluster.access import agent_server_context, client_context
+from shadowline.common.coordination import RUNNING
+from shadowline.common.events import EventLog
+from shadowline.common.http import KeptConnections
 from shadowline.control import metrics_server
-from shadowline.control.access import agent_server_context, client_context
 from shadowline.control.actions import Declare, NoteDetected, NoteFailure, Record, TearDown, WakeAt
-from shadowline.control.coordination import RUNNING
-from shadowline.control.events import EventLog
 from shadowline.control.failure_notices import (
     EVIDENCE_TEXT,
     MAX_AGE_S,
@@ -31,7 +32,6 @@ from shadowline.control.failure_notices import (
     accept,
     sender_node,
 )
-from shadowline.control.http import KeptConnections
 from shadowline.control.memory import KnownFailure
 from shadowline.control.metrics_server import Peer
 from shadowline.control.node_duties import RELAY_AFTER_S, launch_due, notice_failed

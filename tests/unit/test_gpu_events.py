@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from shadowline.control.xid_table import NODE_SERVICE, RESTART_APP
+from shadowline.common.xid_table import NODE_SERVICE, RESTART_APP
 from shadowline.standin.gpu_events import FAKE, FakeEvents, append_fake_event, fake_events_path
 
 UUID = "GPU-7f4e2c1a-9b3d-4e5f-8a6b-0c1d2e3f4a5b"

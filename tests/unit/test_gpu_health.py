@@ -1,4 +1,4 @@
-"""shadowline.control.gpu_health and its Xid table: every table row checked against the catalog's bucket, kernel log
+"""shadowline.common.gpu_health and its Xid table: every table row checked against the catalog's bucket, kernel log
 lines in the driver's format, NVML events through a fake nvidia-ml-py (the stand-in's fake event file:
 test_gpu_events.py)."""
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from shadowline.control import gpu_health, xid_table
-from shadowline.control.gpu_health import (
+from shadowline.common import gpu_health, xid_table
+from shadowline.common.gpu_health import (
     KERNEL_LOG,
     NVML,
     GpuFault,
@@ -20,7 +20,7 @@ from shadowline.control.gpu_health import (
     parse_kernel_line,
     worst,
 )
-from shadowline.control.xid_table import NODE_SERVICE, NONE, RESET_GPU, RESTART_APP
+from shadowline.common.xid_table import NODE_SERVICE, NONE, RESET_GPU, RESTART_APP
 from shadowline.standin.gpu_events import FAKE
 
 UUID = "GPU-7f4e2c1a-9b3d-4e5f-8a6b-0c1d2e3f4a5b"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from shadowline import gpu_proof as gp
-from shadowline.control.xid_table import NODE_SERVICE, RECOVERY_ACTIONS, RESTART_APP
+from shadowline.common.xid_table import NODE_SERVICE, RECOVERY_ACTIONS, RESTART_APP
 from shadowline.model.safetensors_header import check_safetensors
 from shadowline.slurm.render import ansible_inventory, read_with_ansible
 
@@ -260,7 +260,7 @@ def test_the_script_imports_only_the_standard_library_and_shadowline():
     assert lazy == {"torch", "pynvml", "cuda"}
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     code = ("import sys; sys.path.insert(0, 'plugins/module_utils'); import shadowline.gpu_proof, "
-            "shadowline.control.gpu_watch, shadowline.control.proc, shadowline.deployment.node_facts, "
+            "shadowline.control.gpu_watch, shadowline.common.proc, shadowline.deployment.node_facts, "
             "shadowline.deployment.preflight, shadowline.model.safetensors_header")
     subprocess.run([python, "-S", "-c", code], cwd=ROOT, check=True, timeout=60)
 

@@ -1,4 +1,4 @@
-"""What the failover lock really is (control/lock_identity.py): /proc/locks as the kernel writes it, against real
+"""What the failover lock really is (common/lock_identity.py): /proc/locks as the kernel writes it, against real
 flocks taken here, and a lock file deleted while held (fault matrix row 11 in small)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 
-from shadowline.control.lock_identity import FileId, flocks, parse_proc_locks, path_id
+from shadowline.common.lock_identity import FileId, flocks, parse_proc_locks, path_id
 
 
 def test_proc_locks_lines_granted_and_waiting():

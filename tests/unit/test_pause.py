@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from shadowline import cli
+from shadowline.common.coordination import FAILED, LAUNCHING, RUNNING, Coordination, Keys, Slot
+from shadowline.common.etcd_client import KV, Etcd
+from shadowline.common.events import EventLog, read_events
 from shadowline.control import failover
 from shadowline.control.actions import Declare, Record, SwapSlot, WakeAt
-from shadowline.control.coordination import FAILED, LAUNCHING, RUNNING, Coordination, Keys, Slot
-from shadowline.control.etcd_client import KV, Etcd
-from shadowline.control.events import EventLog, read_events
 from shadowline.control.memory import NodeMemory
 from shadowline.control.pause import HELD, held_record, held_while_paused
 from shadowline.control.view import DeploymentView, parse_view
@@ -125,14 +125,14 @@ def test_the_command_has_pause_and_resume_and_completes_them():
 
 
 def test_the_status_table_says_whether_failover_is_paused_and_reads_it_back():
-    from shadowline.control.pause import describe_pause
-    from shadowline.control.status_table import (
+    from shadowline.cluster.status_table import (
         render_status_table,
         status_document,
         table_failover,
         table_rows,
         table_states,
     )
+    from shadowline.control.pause import describe_pause
 
     ranks = [{"cohort": 0, "role": "primary", "host": "node0", "rank": 0, "leader": True, "pid": 7, "state": "active",
               "ports": {"master": 29500, "system": 8080, "nixl": 5600}}]

@@ -198,8 +198,8 @@ def test_each_model_revision_has_a_gms_residency_of_its_own():
 
 
 def test_relaunch_policy_backs_off_and_gives_up():
-    from shadowline.control.policy import RelaunchPolicy
-    from shadowline.deployment.settings import DEFAULT_FAILOVER, Failover
+    from shadowline.common.policy import RelaunchPolicy
+    from shadowline.common.settings import DEFAULT_FAILOVER, Failover
     policy = RelaunchPolicy.of(Failover(**{**DEFAULT_FAILOVER, "relaunch_backoff_s": 0.5, "relaunch_backoff_max_s": 3.0,
                                            "max_relaunch_attempts": 3, "stable_after_s": 30.0}))
     assert [policy.delay(n) for n in range(6)] == [0.0, 0.5, 1.0, 2.0, 3.0, 3.0]

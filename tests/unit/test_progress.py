@@ -1,13 +1,13 @@
-"""shadowline.control.progress: vLLM's progress metrics parsed from a Dynamo system port's /metrics text, and the
+"""shadowline.common.progress: vLLM's progress metrics parsed from a Dynamo system port's /metrics text, and the
 stall judgement (requests running, token counter still), on monotonic times."""
 
 from __future__ import annotations
 
 import pytest
 
-from shadowline.control import progress
-from shadowline.control.policy import HangPolicy
-from shadowline.control.progress import Observation, ProgressSample, judge, parse_sample
+from shadowline.common import progress
+from shadowline.common.policy import HangPolicy
+from shadowline.common.progress import Observation, ProgressSample, judge, parse_sample
 
 MODEL = "Qwen/Qwen3-0.6B"
 LABELS = (f'dynamo_component="backend",dynamo_endpoint="generate",dynamo_namespace="dynamo",engine="0",'

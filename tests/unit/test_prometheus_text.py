@@ -1,4 +1,4 @@
-"""The one Prometheus text parser (control/prometheus_text.py) that progress.py and failover_metrics.py read through."""
+"""The one Prometheus text parser (common/prometheus_text.py) that progress.py and failover_metrics.py read through."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shadowline.control import failover_metrics, progress
-from shadowline.control.prometheus_text import Sample, parse_line, samples
+from shadowline.common import failover_metrics, progress
+from shadowline.common.prometheus_text import Sample, parse_line, samples
 
 HISTOGRAM = """\
 # HELP vllm:e2e_request_latency_seconds Histogram of end to end request latency in seconds.

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from shadowline.control.coordination import SLOT_SCHEMA, Keys, RecordInvalid, Slot
-from shadowline.control.etcd_client import KV
+from shadowline.common.coordination import SLOT_SCHEMA, Keys, RecordInvalid, Slot
+from shadowline.common.etcd_client import KV
 from shadowline.control.view import parse_view
 
 GOOD = {"cohort": 1, "generation": 3, "state": "running", "reason": "", "since": 1.0e9, "attempts": 0,

@@ -504,8 +504,8 @@ def test_a_frontend_client_speaks_mutual_tls_with_the_deployments_certificates(t
     import ssl
     import threading
 
-    from shadowline.control.access import client_context, frontend_context, frontend_tls_files
-    from shadowline.control.frontend import completion_body, send
+    from shadowline.cluster.access import client_context, frontend_context, frontend_tls_files
+    from shadowline.common.frontend import completion_body, send
 
     pytest.importorskip("cryptography")
     plan = plan_of(tmp_path, gms_frontend_tls="mutual")
@@ -552,7 +552,7 @@ def test_a_silent_frontend_is_not_blamed_on_the_engine():
     import socket
     import threading
 
-    from shadowline.control.frontend import unanswering
+    from shadowline.common.frontend import unanswering
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
@@ -583,7 +583,7 @@ def test_an_answer_that_is_not_http_is_an_error_not_an_exception():
     import socket
     import threading
 
-    from shadowline.control.frontend import completion_body, send, unanswering
+    from shadowline.common.frontend import completion_body, send, unanswering
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

@@ -1,5 +1,5 @@
 """The stand-in's share of issue #14, without processes: vLLM's progress metrics as its leader serves them (parsed
-back by control/progress.py), and its emulation of torch's NCCL watchdog (a stuck collective ends the rank)."""
+back by common/progress.py), and its emulation of torch's NCCL watchdog (a stuck collective ends the rank)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import socket
 import threading
 import time
 
-from shadowline.control import proc
-from shadowline.control.progress import ProgressSample, parse_sample
+from shadowline.common import proc
+from shadowline.common.progress import ProgressSample, parse_sample
 from shadowline.standin import cohort, settings, worker
 from shadowline.standin.progress_metrics import ProgressMetrics
 from tests.loopback import wait_until

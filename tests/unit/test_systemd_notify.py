@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import socket
 
-from shadowline.control.systemd_notify import SystemdNotifier
+from shadowline.common.systemd_notify import SystemdNotifier
 
 
 def test_ready_and_watchdog_reach_the_notify_socket(tmp_path, monkeypatch):

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from shadowline.common.proc import CGROUP2_ROOTS, cgroup_events, cgroup_populated
 from shadowline.control.agent import TEARDOWN_TICK_S, TICK_S, teardown_wait_s
 from shadowline.control.memory import Teardown
-from shadowline.control.proc import CGROUP2_ROOTS, cgroup_events, cgroup_populated
 
 from .test_agent_node import rank
 

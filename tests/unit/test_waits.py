@@ -1,4 +1,4 @@
-"""Bounded polling (control/waits.py): a wait whose process has ended stops at once instead of waiting out its
+"""Bounded polling (cluster/waits.py): a wait whose process has ended stops at once instead of waiting out its
 timeout (wait_ready's ``unit``: an engine that refused its arguments is reported in about a second, not after the
 progress slice of 15 s)."""
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from shadowline.control.waits import every, http_check, poll
+from shadowline.cluster.waits import every, http_check, poll
 from tests.loopback import free_port
 
 

@@ -35,8 +35,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
-from . import console
 from .ansible_runner import CHECKOUT, PROG, ansible_env, ansible_tool, failure_of, in_checkout, messages, run_playbook
+from .common import console
 from .completion import bash_completion, zsh_completion
 from .deployment.plan import Plan
 
@@ -159,7 +159,7 @@ def status_once(args: argparse.Namespace, dump: Callable[[dict], str] | None) ->
     lines = status_lines(run.stdout)
     if run.returncode != 0 or not lines:
         console.err(run.stdout + run.stderr)
-    from .control.status_table import status_document, table_failover, table_rows, table_states, whole
+    from .cluster.status_table import status_document, table_failover, table_rows, table_states, whole
     if dump is not None:
         console.out(dump(status_document(*table_rows(lines), table_failover(lines))))
     else:
@@ -222,7 +222,7 @@ def cmd_failover(args: argparse.Namespace) -> int:
 def cmd_switchover(args: argparse.Namespace) -> int:
     """switchover: the serving cohort (from playbooks/status.yml's lock holder) handed over to a parked shadow:
     playbooks/failover.yml with mode handover (the serving worker drained first, as upgrade.yml does)."""
-    from .control.status_table import table_rows
+    from .cluster.status_table import table_rows
     run = run_playbook("status", args.inventory)
     rows, holder = table_rows(status_lines(run.stdout))
     if run.returncode != 0 or not rows:
@@ -239,8 +239,8 @@ def cmd_switchover(args: argparse.Namespace) -> int:
 def switchover_cohort(rows: list[tuple[str, ...]], holder: str | None, asked: int | None) -> int:
     """The cohort a switchover hands over: the lock holder's, when a shadow of another cohort is parked to take
     over (what failover.yml's planned and handover modes require too). ``asked``: the cohort the person named."""
-    from .control.lock import parse_holder
-    from .control.status_table import COLUMNS, NO_HOLDER
+    from .cluster.status_table import COLUMNS, NO_HOLDER
+    from .common.lock import parse_holder
     serving = parse_holder(holder or "")
     if serving is None:
         held = "nobody holds the failover lock" if holder in (None, "", NO_HOLDER) else f"the lock holder is {holder}"
@@ -276,7 +276,7 @@ def run_failover(command: str, inventory: str, extra: dict, said: str, check: bo
 def cmd_history(args: argparse.Namespace) -> int:
     """history: the agents' events (every node's, through playbooks/history.yml, or files here) or drill reports,
     in time order."""
-    from .control import history
+    from .cluster import history
     option = "-i" if args.inventory else "--events" if args.events else "--reports"
     try:
         if args.reports:
@@ -357,7 +357,7 @@ def at_least(least: int, what: str) -> Callable[[str], int]:
 
 
 def since_time(text: str) -> float:
-    from .control.history import parse_since
+    from .cluster.history import parse_since
     try:
         return parse_since(text)
     except ValueError:
@@ -404,8 +404,8 @@ def task_lines(output: str, banner: str) -> list[str]:
 
 def local_status(plan_path: str, host: str | None, dump: Callable[[dict], str] | None = None) -> int:
     """This node's rows, read here without Ansible (on a node: the plan.json the agent role writes)."""
-    from .control.cohort_state import lock_holder, rank_states
-    from .control.status_table import render_status_table, status_document, status_rows, whole
+    from .cluster.cohort_state import lock_holder, rank_states
+    from .cluster.status_table import render_status_table, status_document, status_rows, whole
     from .deployment.plan import Plan
     try:
         plan = Plan.load(plan_path)

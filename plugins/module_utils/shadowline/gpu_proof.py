@@ -7,7 +7,7 @@ recorded output in ``tests/unit/test_gpu_proof.py``.
 
 - ``parse_smi_csv``: ``nvidia-smi --query-gpu=<SMI_FIELDS> --format=csv,noheader,nounits``.
 - ``read_kernel_log``: what the kernel log says of NVIDIA's driver (the module's version, the bus-id to UUID lines,
-  every Xid line, parsed with the agent's own kernel-log reader, ``control/gpu_health.KernelLog``).
+  every Xid line, parsed with the agent's own kernel-log reader, ``common/gpu_health.KernelLog``).
 - ``example_budget``: preflight's memory budget (``deployment/preflight._memory_problems``) for the example
   inventory ``EXAMPLE_INVENTORY`` on a node's GPUs as ``node_facts.nvidia_gpus`` reports them.
 - ``Row``, ``row``, ``same``, ``format_table``, ``build_report``, ``write_report``, ``exit_code``: the table and
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from .control.gpu_health import (
+from .common.gpu_health import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_GPU_RECOVERY_ACTION,
     EVENT_GPU_UNAVAILABLE,
@@ -44,7 +44,7 @@ from .control.gpu_health import (
     normal_bus,
     parse_kernel_line,
 )
-from .control.xid_table import RECOVERY_ACTIONS
+from .common.xid_table import RECOVERY_ACTIONS
 from .deployment.contract import DEFAULT_MEMORY, Memory
 
 REPORT_NAME = "gpu-proof.json"

@@ -11,7 +11,7 @@ from typing import Any
 class PolledGpuEvents:
     """A backend's own GPU event source, opened, which the node agent's listener polls (control/gpu_watch.py)."""
     name: str  # what it is, for the listener's gpu-watch-started notice
-    poll: Callable[[], list[Any]]  # the faults (control/gpu_health.GpuFault) seen since the last call
+    poll: Callable[[], list[Any]]  # the faults (common/gpu_health.GpuFault) seen since the last call
     pause_s: float  # between two polls
 
 
@@ -26,7 +26,7 @@ class Backend:
     runtime_distributions: tuple[str, ...] = ("ai-dynamo",)
     uses_gpus: bool = True  # its ranks take GPUs (a Slurm job asks for them; the stand-in runs on CPUs)
     # Where the leader's system server serves vLLM's progress metrics (vllm:num_requests_running,
-    # vllm:generation_tokens_total; control/progress.py judges them), or None: the engine has no such signal.
+    # vllm:generation_tokens_total; common/progress.py judges them), or None: the engine has no such signal.
     progress_metrics_path: str | None = None
     # Where the node agent hears of GPU faults (control/gpu_watch.py): nvml (NVML's events, else the kernel log),
     # the backend's own source (gpu_event_source; the stand-in's "fake": its event file, which drills append to) or

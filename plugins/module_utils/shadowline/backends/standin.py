@@ -21,11 +21,6 @@ def gpu_uuids(deployment: str, host: str, count: int) -> list[str]:
     return [f"GPU-{uuid.uuid5(GPU_NAMESPACE, f'{deployment}/{host}/{i}')}" for i in range(count)]
 
 
-def rank_fault_path(engine_id: int | str, node_rank: int, directory: str) -> str:
-    """The stand-in rank's fault control file (docs/standin.md; in the failover lock's directory)."""
-    return os.path.join(directory, f"fault-engine-{engine_id}-rank-{node_rank}")
-
-
 @dataclass(frozen=True)
 class Standin(Backend):
     def node_env(self, deployment: str, host: str, gpus_per_node: int) -> dict[str, str]:
@@ -41,6 +36,7 @@ class Standin(Backend):
         return gpu_uuids(deployment, host, gpus_per_node)
 
     def rank_fault_file(self, lock_dir: str, engine_id: int | str, node_rank: int) -> str | None:
+        from ..standin.faults import rank_fault_path  # noqa: PLC0415 (the stand-in's own file name)
         return rank_fault_path(engine_id, node_rank, lock_dir)
 
     def gpu_event_source(self, state_dir: str) -> PolledGpuEvents | None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from .coordination import Slot
+from ..common.coordination import Slot
+from ..common.progress import Observation
 from .memory import KnownFailure, LocalRank, Promotion
-from .progress import Observation
 
 
 # --- records and wake-ups -----------------------------------------------------------------------------------

@@ -30,16 +30,18 @@ import time
 import traceback
 from typing import Any
 
-from .. import console
+from ..cluster.access import agent_server_context, etcd_for
+from ..common import console
+from ..common.coordination import Coordination, agent_instance
+from ..common.etcd_client import Etcd
+from ..common.events import EventLog
+from ..common.proc import argv_process, cgroup_events, cgroup_populated, pidfd_open, unit_properties
+from ..common.systemd_notify import SystemdNotifier
 from ..deployment.plan import Plan
 from . import observe
-from .access import agent_server_context, etcd_for
 from .actions import ReportFault
 from .agent_metrics import CONTENT_TYPE, AgentMetrics, MetricsUnavailable
-from .coordination import Coordination, agent_instance
 from .driver_duties import DriverDuties
-from .etcd_client import Etcd
-from .events import EventLog
 from .executor import ERROR_REPORT_S, Executor, Schedule
 from .failure_notices import PEER_IDLE_S, Inbox, Notifier, sender_node
 from .feed import EtcdFeed, FeedNews
@@ -47,8 +49,6 @@ from .gpu_watch import GpuWatch
 from .memory import DriverMemory, NodeMemory, Teardown
 from .metrics_server import serve
 from .node_duties import NodeDuties
-from .proc import argv_process, cgroup_events, cgroup_populated, pidfd_open, unit_properties
-from .systemd_notify import SystemdNotifier
 from .view import DeploymentView, Now
 
 TICK_S = 0.05  # how often the loop looks at the lock and the teardowns when nothing wakes it

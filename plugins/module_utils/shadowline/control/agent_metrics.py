@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from ..common.coordination import DEAD, FAILED, LAUNCHING, RUNNING
+from ..common.policy import CANARY_UNANSWERED, GENERATION_STALLED, GPU_FAULT, GPU_XID, LEADER_HUNG
 from ..model.spec import status_path_for
 from ..model.status import READY, read_status
-from .coordination import DEAD, FAILED, LAUNCHING, RUNNING
-from .policy import CANARY_UNANSWERED, GENERATION_STALLED, GPU_FAULT, GPU_XID, LEADER_HUNG
 from .view import DeploymentView
 
 try:

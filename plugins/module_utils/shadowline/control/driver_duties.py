@@ -14,8 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from ..cluster.cohort_state import lock_holder
+from ..common.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
+from ..common.lock import parse_holder
+from ..common.lock_identity import LockSeen, lock_seen
+from ..common.policy import CANARY_UNANSWERED, MIXED_CONFIGURATION, NODE_FENCED, HangPolicy, RelaunchPolicy, silence
+from ..common.proc import cgroup_pids
+from ..common.settings import Failover
 from ..deployment.plan import Plan
-from ..deployment.settings import Failover
 from . import observe
 from .actions import (
     Action,
@@ -51,13 +57,7 @@ from .actions import (
     SwapSlot,
     TakeBridge,
 )
-from .cohort_state import lock_holder
-from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
-from .lock import parse_holder
-from .lock_identity import LockSeen, lock_seen
 from .memory import Canary, DriverMemory, NodeMemory, Promotion, PromotionSeen
-from .policy import CANARY_UNANSWERED, MIXED_CONFIGURATION, NODE_FENCED, HangPolicy, RelaunchPolicy, silence
-from .proc import cgroup_pids
 from .view import DeploymentView, Now
 
 PROMOTION_LOOK_S = 0.05  # a promotion being verified is looked at this often (the loop's tick while it lasts)

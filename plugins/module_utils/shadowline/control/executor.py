@@ -15,9 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from ..cluster.access import frontend_context
+from ..cluster.discovery import registrations, revoke_leases, worker_registrations
+from ..common import frontend
+from ..common.coordination import Coordination, RankRecord
+from ..common.etcd_client import Etcd, EtcdError
+from ..common.events import EventLog
+from ..common.lock import try_acquire
+from ..common.proc import alive, kill_cgroup, systemctl
+from ..common.wakeup import drain, wake
 from ..deployment.plan import Plan
-from . import frontend, observe
-from .access import frontend_context
+from . import observe
 from .actions import (
     AbandonStart,
     Action,
@@ -76,19 +84,12 @@ from .actions import (
     WakeAt,
 )
 from .agent_metrics import AgentMetrics
-from .coordination import Coordination, RankRecord
-from .discovery import registrations, revoke_leases, worker_registrations
-from .etcd_client import Etcd, EtcdError
-from .events import EventLog
 from .failure_notices import FailureNotice, Notifier
-from .lock import try_acquire
 from .memory import Canary, DriverMemory, KnownFailure, LocalRank, NodeMemory, PromotionSeen, Start, Teardown
 from .node_duties import start_refusal
 from .observe import LeaderProbe, StartCheck, rank_alive
 from .pause import held_record, held_while_paused
-from .proc import alive, kill_cgroup, systemctl
 from .view import DeploymentView, Now
-from .wakeup import drain, wake
 
 KILL_AGAIN_S = 0.2  # a cgroup not empty after SIGKILL: killed again this often (forks, a wait that ends)
 NOT_GONE_REPORT_S = 1.0  # a killed rank's cgroup still not empty this long after the teardown began: say so

@@ -26,17 +26,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..cluster.access import etcd_for
+from ..cluster.cohort_state import lock_holder
+from ..cluster.discovery import cohort_registrations, deroute, reroute, revoke_leases
+from ..common.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Keys, Slot
+from ..common.etcd_client import KV, Etcd, EtcdError
+from ..common.events import read_events
+from ..common.lock import parse_holder
+from ..common.proc import cgroup_pids, listening_ports, unit_cgroup
+from ..common.progress import ProgressSample
 from ..deployment.plan import Plan
-from .access import etcd_for
-from .cohort_state import lock_holder
-from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Keys, Slot
-from .discovery import cohort_registrations, deroute, reroute, revoke_leases
-from .etcd_client import KV, Etcd, EtcdError
-from .events import read_events
-from .lock import parse_holder
 from .observe import installed_configs, leader_progress
-from .proc import cgroup_pids, listening_ports, unit_cgroup
-from .progress import ProgressSample
 from .view import pause_record
 
 # planned: SIGTERM and planned_grace_s (the engines drain); handover: the same refusal, the drain above (at most
@@ -117,7 +117,7 @@ def drain(read_running: Callable[[], float | None], grace_s: float, clock: Calla
 
 
 def leader_running(plan: Plan, cohort: int) -> float | None:
-    """The requests the cohort's leader runs now (control/progress.py: vLLM's gauge or Dynamo's handler gauge,
+    """The requests the cohort's leader runs now (common/progress.py: vLLM's gauge or Dynamo's handler gauge,
     the larger); None when its metrics do not say."""
     sample = leader_progress(plan, cohort, 0.5)
     return sample.running if isinstance(sample, ProgressSample) else None

@@ -31,13 +31,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..cluster.access import agent_client_context, agent_url
+from ..common.coordination import FAILED, Slot, is_finite, is_int
+from ..common.http import KeptConnections
+from ..common.wakeup import drain, wake
 from ..deployment.pki import common_name
 from ..deployment.plan import Plan
-from .access import agent_client_context, agent_url
-from .coordination import FAILED, Slot, is_finite, is_int
-from .http import KeptConnections
 from .metrics_server import NOTICE_PATH, Peer
-from .wakeup import drain, wake
 
 MAX_AGE_S = 10.0  # a notice this much older (or newer: clocks) than the receiver's clock is refused
 SEND_TIMEOUT_S = 1.0  # a notice not answered by then is left to etcd

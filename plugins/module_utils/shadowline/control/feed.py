@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .coordination import Keys, RecordInvalid, Slot
-from .etcd_client import Etcd, EtcdError
+from ..common.coordination import Keys, RecordInvalid, Slot
+from ..common.etcd_client import Etcd, EtcdError
+from ..common.wakeup import wake
 from .view import DeploymentView, read_view
-from .wakeup import wake
 
 RETRY_S = 0.2  # after a failed call, wait this long before the next
 

@@ -1,4 +1,4 @@
-"""The node agent's GPU health listener: a thread that waits on the node's GPU event source (control/gpu_health.py)
+"""The node agent's GPU health listener: a thread that waits on the node's GPU event source (common/gpu_health.py)
 and hands each fault to the loop (the loop decides: node_duties.gpu_faults). It never acts itself.
 
 Which source: the backend's (``Backend.gpu_events``): ``nvml`` tries NVML's event set (nvidia-ml-py, a driver
@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..backends.base import PolledGpuEvents
-from .gpu_health import KERNEL_LOG_ARGV, GpuFault, KernelLog, NvmlEvents
-from .wakeup import drain, wake
+from ..common.gpu_health import KERNEL_LOG_ARGV, GpuFault, KernelLog, NvmlEvents
+from ..common.wakeup import drain, wake
 
 NVML_WAIT_MS = 500
 

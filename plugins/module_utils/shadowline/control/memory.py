@@ -7,8 +7,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from .frontend import Request
-from .progress import Observation
+from ..common.frontend import Request
+from ..common.progress import Observation
 
 
 @dataclass

@@ -5,7 +5,7 @@ Bounded so that no client can hurt the agent: at most ``MAX_CONNECTIONS`` connec
 whose agent keeps one open for its notices) are served at once (a connection beyond them is closed at once), a
 connection that sends nothing is dropped after ``IDLE_TIMEOUT_S`` (a node's after ``long_idle_s``), a request body
 is at most ``MAX_BODY`` bytes, and the server waits with poll (selectors), so descriptor numbers above 1024 are
-fine. With a TLS context (control/access.agent_server_context) the TLS handshake happens in the connection's own
+fine. With a TLS context (cluster/access.agent_server_context) the TLS handshake happens in the connection's own
 thread, under the same timeout and bound: a client that never completes it holds one slot, never the accept loop.
 Connections are kept alive (HTTP/1.1).
 """

@@ -17,9 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..common import progress
+from ..common.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
+from ..common.gpu_health import GpuFault
+from ..common.policy import CONFIG_MISMATCH, GENERATION_STALLED, GPU_FAULT, GPU_XID, HangPolicy, silence
+from ..common.progress import ProgressSample
+from ..common.settings import Failover
+from ..common.xid_table import NONE
 from ..deployment.plan import Plan
-from ..deployment.settings import Failover
-from . import observe, progress
+from . import observe
 from .actions import (
     AbandonStart,
     Action,
@@ -48,15 +54,10 @@ from .actions import (
     Untrack,
     WakeAt,
 )
-from .coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
 from .failure_notices import FailureNotice
-from .gpu_health import GpuFault
 from .memory import KnownFailure, LocalRank, NodeMemory, Start
 from .observe import HealthAnswer, UnitState
-from .policy import CONFIG_MISMATCH, GENERATION_STALLED, GPU_FAULT, GPU_XID, HangPolicy, silence
-from .progress import ProgressSample
 from .view import Active, DeploymentView, Now
-from .xid_table import NONE
 
 START_JOB_S = 30.0  # a unit start job that has not made the unit active by then has failed
 INACTIVE_AFTER_START_S = 2.0  # a unit still inactive this long after `systemctl start`: its job did not run
@@ -360,7 +361,7 @@ def judge_rank(rank: LocalRank, sample: ProgressSample | None | bool, health: He
 def gpu_faults(faults: list[GpuFault], memory: NodeMemory, active: Active | None, host: str, failover: Failover,
                now: Now) -> list[Action]:
     """GPU health events of this node (control/gpu_watch.py), by the action NVIDIA's Xid catalog gives them
-    (control/xid_table.py). ``none``: recorded only. ``restart-app``: the application's GPU context failed: the
+    (common/xid_table.py). ``none``: recorded only. ``restart-app``: the application's GPU context failed: the
     serving cohort's rank here (every rank here when nothing is known to serve) is killed at once and its
     generation declared failed (gpu-xid); a parked shadow takes over as usual. ``reset-gpu`` / ``node-service``:
     the GPU itself is out of service: every rank here is killed and declared (gpu-fault) and the node is fenced

@@ -8,13 +8,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..deployment.plan import Plan
-from ..deployment.units import CONFIG_ENV, engine_dropin_dir, installed_config
-from .cohort_state import leader_view
-from .etcd_client import EtcdError
-from .http import http_get
-from .memory import LocalRank, PromotionSeen
-from .proc import (
+from ..cluster.cohort_state import leader_view
+from ..common.etcd_client import EtcdError
+from ..common.http import http_get
+from ..common.proc import (
     alive,
     argv_process,
     cgroup_pids,
@@ -24,7 +21,10 @@ from .proc import (
     process_environ,
     unit_properties,
 )
-from .progress import ProgressSample, parse_sample
+from ..common.progress import ProgressSample, parse_sample
+from ..deployment.plan import Plan
+from ..deployment.units import CONFIG_ENV, engine_dropin_dir, installed_config
+from .memory import LocalRank, PromotionSeen
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def leader_health(plan: Plan, cohort: int, timeout: float) -> HealthAnswer:
 
 def leader_progress(plan: Plan, cohort: int, timeout: float) -> ProgressSample | None | bool:
     """The leader's generation progress from its system port's /metrics (vLLM's running requests and generated
-    tokens, control/progress.py): a sample; None when the metrics have none (not a vLLM engine, or still
+    tokens, common/progress.py): a sample; None when the metrics have none (not a vLLM engine, or still
     starting); False when /metrics did not answer."""
     path = plan.engine.progress_metrics_path
     if path is None:

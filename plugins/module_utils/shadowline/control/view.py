@@ -8,8 +8,8 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from .coordination import Keys, RankRecord, RecordInvalid, Slot, gone_time
-from .etcd_client import KV, Etcd
+from ..common.coordination import Keys, RankRecord, RecordInvalid, Slot, gone_time
+from ..common.etcd_client import KV, Etcd
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .settings import Container
-from .values import Reader, describe
+from ..common.settings import Container
+from ..common.values import Reader, describe
 
 PODMAN = "/usr/bin/podman"
 RUNTIME_MODE = "container"

@@ -13,12 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends import NAMES as BACKENDS
-from ..model.errors import SpecError
-from ..model.spec import DEFAULT_FORMAT, FORMATS, MODEL_ID_RE, PINNED_RE, parse_source
-from .addresses import ADDRESS_FIX, address_problem
-from .container import RUNTIME_MODE, parse_container
-from .problems import Problem
-from .settings import (
+from ..common.problems import Problem
+from ..common.settings import (
     DEFAULT_FAILOVER,
     DEFAULT_PORTS,
     FRONTEND_TLS_MUTUAL,
@@ -30,7 +26,11 @@ from .settings import (
     Node,
     Ports,
 )
-from .values import SYSTEM_DIRECTORIES, Reader, as_bool, close_match, describe, suggest
+from ..common.values import SYSTEM_DIRECTORIES, Reader, as_bool, close_match, describe, suggest
+from ..model.errors import SpecError
+from ..model.spec import DEFAULT_FORMAT, FORMATS, MODEL_ID_RE, PINNED_RE, parse_source
+from .addresses import ADDRESS_FIX, address_problem
+from .container import RUNTIME_MODE, parse_container
 
 SAFE_FORMATS = ["safetensors"]
 PICKLE_FORMATS = [f for f in FORMATS if f not in SAFE_FORMATS]

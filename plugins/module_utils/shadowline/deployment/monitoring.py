@@ -7,7 +7,7 @@ there is one, ``node`` and ``cohort``):
 - ``shadowline-engine``: every cohort leader's system port (``DYN_SYSTEM_PORT``, /metrics): Dynamo's
   ``dynamo_component_engine_failover_*`` metrics; headless ranks serve no metrics.
 - ``shadowline-agent``: every node's agent (``gms_ports.agent_metrics``), over TLS with the Prometheus host's
-  client certificate of the deployment's CA unless insecure (control/access.py: the endpoint requires one).
+  client certificate of the deployment's CA unless insecure (cluster/access.py: the endpoint requires one).
 - ``shadowline-frontend``: the Dynamo frontend's HTTP port (/metrics on the OpenAI port; https with
   gms_frontend_tls).
 - ``shadowline-etcd``: every etcd member's client port (/metrics), over TLS with the same client certificate
@@ -24,8 +24,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..common.settings import Monitoring
 from .plan import Plan, Process
-from .settings import Monitoring
 from .units import service_unit
 
 JOBS = ("shadowline-engine", "shadowline-agent", "shadowline-frontend", "shadowline-etcd", "shadowline-nats")

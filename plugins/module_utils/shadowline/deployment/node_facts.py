@@ -15,7 +15,7 @@ from typing import Any
 
 from ..backends import BACKENDS
 from ..backends import backend as backend_strategy
-from ..control.proc import mounts, pids, process_cgroup, process_environ, process_name, socket_inodes, tcp_listeners
+from ..common.proc import mounts, pids, process_cgroup, process_environ, process_name, socket_inodes, tcp_listeners
 from ..model.errors import SpecError
 from ..model.hf_token import FIELD as TOKEN_FIELD
 from ..model.hf_token import read_token_file

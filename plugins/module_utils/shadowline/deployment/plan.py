@@ -15,7 +15,16 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..backends import Backend, backend
-from .settings import FRONTEND_TLS_MUTUAL, FRONTEND_TLS_PLAIN, CohortPorts, Container, Failover, Monitoring, Node, Ports
+from ..common.settings import (
+    FRONTEND_TLS_MUTUAL,
+    FRONTEND_TLS_PLAIN,
+    CohortPorts,
+    Container,
+    Failover,
+    Monitoring,
+    Node,
+    Ports,
+)
 
 
 @dataclass(frozen=True)
@@ -151,7 +160,7 @@ class Security:
         return f"{self.dir}/etcd-{user}.password"
 
 
-ETCD_USERS = ("root", "agent", "dynamo")  # the deployment's etcd identities (control/access.py grants them)
+ETCD_USERS = ("root", "agent", "dynamo")  # the deployment's etcd identities (cluster/access.py grants them)
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backends import backend
+from ..common.problems import Problem, format_problems
+from ..common.settings import CohortPorts, Node, Ports
 from .contract import CONFIG_DIR, STATE_DIR, Contract
 from .pki import subject_dn
 from .plan import CohortPlan, InfraPlan, Plan, Process, RankPlan, Security, gms_dir, model_view_dir, nats_store_dir
 from .ports import cohort_ports, port_problems
-from .problems import Problem, format_problems
-from .settings import CohortPorts, Node, Ports
 
 FRONTEND_MIGRATION_LIMIT = 3
 HAPROXY, PYTHON_PROXY = "haproxy", "python"  # what carries Dynamo's etcd client to TLS on a host (_etcd_proxy)
@@ -314,7 +314,7 @@ def _discovery_env(etcd_endpoints: str, nats_server: str, security: Security, de
     of its calls to a member that is down and fails them ("tcp connect error"), so an engine starting while one
     member is stopped exits before it registers. With one member each, a stopped member takes down only the
     cohorts that use it, and a parked shadow on another member takes over (docs/reliability.md). The agents'
-    own client uses every member (control/etcd_client.py)."""
+    own client uses every member (common/etcd_client.py)."""
     servers, members = nats_server.split(","), etcd_endpoints.split(",")
     env = {"ETCD_ENDPOINTS": members[seed % len(members)], "NATS_SERVER": servers[seed % len(servers)]}
     if not security.insecure:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .problems import Problem
+from ..common.problems import Problem
 
 OLDEST_PYTHON = (3, 8)
 

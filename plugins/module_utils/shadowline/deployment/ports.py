@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..common.problems import Problem
+from ..common.settings import CohortPorts, Ports
 from .contract import ETCD_MEMBER_COUNTS, Contract
-from .problems import Problem
-from .settings import CohortPorts, Ports
 
 # Where a port is bound (PortUse.where): which of the deployment's hosts run its process.
 ALL_NODES, LEADER_NODE, INFRA_HOSTS, FRONTEND_HOST, ALL_HOSTS = (

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends import backend
+from ..common.problems import Problem
 from .contract import PATH_EXAMPLES, Contract, parse_contract
 from .node_facts import NETWORK_FILESYSTEMS
 from .plan import Plan, residency_of
 from .plan_builder import checked_plan, insecure_warning
 from .platforms import platform_problems
 from .ports import host_port_uses
-from .problems import Problem
 from .secrets_guard import controller_digests, minting_problems
 
 GIB = 1024 ** 3

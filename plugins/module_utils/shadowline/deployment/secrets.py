@@ -1,7 +1,7 @@
 """A deployment's secrets on the Ansible controller (``gms_secrets_dir``) and which of them each host gets.
 
 ``ensure_secrets`` creates once, and keeps: etcd passwords for the identities root, agent and dynamo
-(control/access.py), the engines' EnvironmentFile built from dynamo's password, and the deployment's CA with
+(cluster/access.py), the engines' EnvironmentFile built from dynamo's password, and the deployment's CA with
 every host's NATS certificates (deployment/pki.py). Everything is 0600 in 0700 directories (certificates 0644).
 ``host_files`` says what to copy where on one host (paths only: a caller never sees a secret). Rotation: delete
 the file (or the directory) on the controller and run the playbook again (docs/security.md).

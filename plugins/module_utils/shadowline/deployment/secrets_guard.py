@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from .problems import Problem
+from ..common.problems import Problem
 
 # name on a host (under the plan's security.dir) -> (path under gms_secrets_dir, what it is)
 GUARDED = {

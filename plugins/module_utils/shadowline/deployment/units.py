@@ -320,7 +320,7 @@ def agent_unit(plan: Plan, host: str) -> str:
     """The node agent: root (it stops and starts the engine units and kills their cgroups), never restarted
     into a second copy (it holds a lock), its state and event log under the deployment's state directory.
     Restarted however often it fails (no start limit: a node without its agent has no failover at all), and when
-    its loop stops ticking: it tells systemd it is ready and alive (control/systemd_notify.py), and systemd kills
+    its loop stops ticking: it tells systemd it is ready and alive (common/systemd_notify.py), and systemd kills
     and restarts an agent silent for AGENT_WATCHDOG_S."""
     return service_unit(f"shadowline {plan.deployment}: failover agent", agent_process(plan, host),
                         [plan.state_dir, plan.socket_dir, *lock_dir_writable(plan, [plan.state_dir, plan.socket_dir])],

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..control.lock import parse_holder
-from ..control.policy import CANARY_UNANSWERED, GENERATION_STALLED, GPU_FAULT, GPU_XID
+from ..common.lock import parse_holder
+from ..common.policy import CANARY_UNANSWERED, GENERATION_STALLED, GPU_FAULT, GPU_XID
 from ..deployment.plan import Plan
 
 

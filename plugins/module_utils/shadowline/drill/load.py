@@ -7,7 +7,7 @@ that has not answered within ``timeout_s`` counts as failed. Every request is re
 
 Every request goes through the official OpenAI SDK with its stock retries, every other one streaming
 (``client="openai"``, drill/sdk_client.py: each request records what the application saw and what a client
-without retries saw), or through the one plain frontend client (control/frontend.py) that the agent's probes and
+without retries saw), or through the one plain frontend client (common/frontend.py) that the agent's probes and
 the Slurm drill's load use (``client="raw"``, where the SDK is not installed). Run in the background by the
 ``drill_load`` action: ``python -m shadowline.drill.load --url ... --out FILE`` writes one JSON line per
 finished request and a last ``{"summary": ...}`` line; SIGTERM (or ``--stop-file``
@@ -25,8 +25,8 @@ import threading
 import time
 from typing import Callable
 
-from ..control.access import client_context
-from ..control.frontend import Request, completion_body, first_attempt_ok, send
+from ..cluster.access import client_context
+from ..common.frontend import Request, completion_body, first_attempt_ok, send
 from . import sdk_client
 
 __all__ = ["Request", "completion_body", "read_results", "run_load", "send", "summarize"]

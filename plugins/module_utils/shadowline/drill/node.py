@@ -17,16 +17,15 @@ import sys
 import time
 from typing import Any
 
-from .. import console
-from ..control.access import etcd_for, frontend_context
-from ..control.cohort_state import leader_view, lock_holder, unit_status
-from ..control.coordination import DEAD, RUNNING, Coordination
-from ..control.etcd_client import EtcdError
-from ..control.events import read_events
-from ..control.failover import unfence
-from ..control.http import http_get
-from ..control.policy import NODE_FENCED
-from ..control.proc import (
+from ..cluster.access import etcd_for, frontend_context
+from ..cluster.cohort_state import leader_view, lock_holder, unit_status
+from ..common import console
+from ..common.coordination import DEAD, RUNNING, Coordination
+from ..common.etcd_client import EtcdError
+from ..common.events import read_events
+from ..common.http import http_get
+from ..common.policy import NODE_FENCED
+from ..common.proc import (
     cgroup_pids,
     command_line,
     monotonic_to_unix,
@@ -35,6 +34,7 @@ from ..control.proc import (
     unit_cgroup,
     unit_properties,
 )
+from ..control.failover import unfence
 from ..deployment.plan import Plan
 from ..standin.gpu_events import append_fake_event, fake_events_path
 from .faults import FAULTS, DrillError, cut_unit_name, fake_gpu, fault, rank_fault_file

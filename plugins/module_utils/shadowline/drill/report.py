@@ -32,8 +32,8 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from typing import Any, Dict
 
-from ..control.frontend import first_attempt_ok
-from ..control.lock import parse_holder
+from ..common.frontend import first_attempt_ok
+from ..common.lock import parse_holder
 from .faults import FAULTS, Fault
 
 Evidence = Dict[str, Any]

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..control.history import HistoryError, stamp
+from ..cluster.history import HistoryError, stamp
 from .report import render_timeline_table
 
 REPORT_KEYS = ("fault", "target", "timeline", "passed")  # what every drill report has (report.py)

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from ..control.frontend import PROMPT, Request
+from ..common.frontend import PROMPT, Request
 
 SEQ_HEADER = "x-shadowline-seq"
 API_KEY = "shadowline-drill"  # the frontend asks for none; the SDK wants one

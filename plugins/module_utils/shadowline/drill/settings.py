@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..deployment.problems import Problem
-from ..deployment.values import Reader
+from ..common.problems import Problem
+from ..common.values import Reader
 
 # name -> (0 allowed, most, an example)
 NUMBERS: dict[str, tuple[bool, float, float]] = {

@@ -37,11 +37,11 @@ import threading
 import time
 from typing import Any
 
-from ..control import discovery
-from ..control.access import etcd_for
-from ..control.cohort_state import leader_view
-from ..control.etcd_client import EtcdError
-from ..control.events import read_events
+from ..cluster import discovery
+from ..cluster.access import etcd_for
+from ..cluster.cohort_state import leader_view
+from ..common.etcd_client import EtcdError
+from ..common.events import read_events
 from ..deployment.plan import Plan
 from .faults import DrillError
 from .slurm_load import Load

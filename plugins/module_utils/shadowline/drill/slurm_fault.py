@@ -24,9 +24,9 @@ import subprocess
 import time
 from typing import Any
 
-from .. import console
 from ..backends import BACKENDS
-from ..control.proc import command_line, running
+from ..common import console
+from ..common.proc import command_line, running
 
 
 def step_pids(step: str) -> list[int]:

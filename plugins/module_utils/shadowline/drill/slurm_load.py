@@ -2,7 +2,7 @@
 
 Used by the failover drill (and tests) to count client-visible failures around a failover. Each request runs
 in its own thread so that a request hanging on a frozen engine does not hold back the ones after it. Requests
-go through the one frontend client (control/frontend.py), the agent's and playbooks/drill.yml's too.
+go through the one frontend client (common/frontend.py), the agent's and playbooks/drill.yml's too.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..control.frontend import complete
+from ..common.frontend import complete
 
 
 @dataclass

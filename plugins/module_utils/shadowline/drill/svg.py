@@ -11,7 +11,7 @@ import math
 from typing import Any
 from xml.sax.saxutils import escape
 
-from ..control.frontend import first_attempt_ok
+from ..common.frontend import first_attempt_ok
 
 COLOURS = {"fault": "#d62728", "detect": "#ff7f0e", "teardown": "#9467bd", "promote": "#1f77b4",
            "relaunch": "#17becf", "request": "#2ca02c", "problem": "#000000", "info": "#7f7f7f"}

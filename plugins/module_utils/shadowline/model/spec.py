@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ..deployment.values import as_bool
+from ..common.values import as_bool
 from .errors import SpecError
 
 FORMATS = ("safetensors", "pytorch")

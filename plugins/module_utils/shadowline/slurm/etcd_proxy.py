@@ -22,7 +22,7 @@ import signal
 import ssl
 from dataclasses import dataclass
 
-from ..console import err
+from ..common.console import err
 
 CONNECT_TIMEOUT_S = 2.0  # HAProxy's "timeout connect" in the playbook deployment's proxy
 CHUNK = 65536

@@ -19,14 +19,14 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from ..control.access import etcd_tls_files
+from ..cluster.access import etcd_tls_files
+from ..common.problems import Problem
+from ..common.settings import FRONTEND_TLS_PLAIN
+from ..common.values import as_int
 from ..deployment.addresses import PLACEHOLDER_RE
 from ..deployment.contract import parse_contract
 from ..deployment.plan import CohortPlan, Plan, shell_quote
 from ..deployment.plan_builder import PYTHON_PROXY, checked_plan, etcd_proxy_ports
-from ..deployment.problems import Problem
-from ..deployment.settings import FRONTEND_TLS_PLAIN
-from ..deployment.values import as_int
 from .job_secrets import BUNDLE
 from .options import SlurmOptions, parse_slurm_options
 

@@ -12,7 +12,7 @@ node's ``secrets`` task keeps its own directory in ``<node_dir>/config/secrets``
 job's user only) and deletes the bundle. The scratch directory, the CA's key with it, is removed once the
 bundle is written: nothing can issue another certificate of the job's CA, and the job's credentials end with
 its node directories (the cleanup step). root's password stays in the supervisor's memory, which turns etcd's
-authentication on with it (control/access.py ``ensure_etcd_auth``, the etcd role's code).
+authentication on with it (cluster/access.py ``ensure_etcd_auth``, the etcd role's code).
 
 Needs the ``cryptography`` package in the supervisor's interpreter (``gms_slurm.python``, else ``gms_python``:
 the runtime's requirements list it).
@@ -26,7 +26,7 @@ import shutil
 import tarfile
 import tempfile
 
-from ..control.access import read_secret
+from ..cluster.access import read_secret
 from ..deployment.plan import ETCD_USERS, Plan
 from ..deployment.secrets import ensure_secrets, host_files
 

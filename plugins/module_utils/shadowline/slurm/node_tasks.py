@@ -17,8 +17,8 @@ import os
 import socket
 from typing import Any
 
-from .. import console
-from ..control.waits import files_check, listening_check, poll
+from ..cluster.waits import files_check, listening_check, poll
+from ..common import console
 from ..model.errors import ModelError
 from ..model.manifest import load_manifest
 from ..model.spec import status_path_for

@@ -15,8 +15,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..backends import BACKENDS
-from ..deployment.problems import Problem
-from ..deployment.values import Reader, describe
+from ..common.problems import Problem
+from ..common.values import Reader, describe
 
 RUNTIMES = ["pyxis", "apptainer"]
 TIME_RE = re.compile(r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}"  # minutes, MM:SS, HH:MM:SS

@@ -24,11 +24,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import console
+from ..common import console
+from ..common.problems import Problem, format_problems
 from ..deployment.contract import missing_group_problem
 from ..deployment.plan import Plan
 from ..deployment.plan_builder import insecure_warning
-from ..deployment.problems import Problem, format_problems
 from .allocation import read_spec
 from .job import HOST_ONLY, job_context
 

@@ -39,15 +39,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import console
-from ..control import discovery
-from ..control.access import ensure_etcd_auth, etcd_context, etcd_for
-from ..control.cohort_state import leader_state
-from ..control.etcd_client import EtcdError
-from ..control.events import EventLog
-from ..control.frontend import complete
-from ..control.policy import RelaunchPolicy
-from ..control.waits import http_check, listening_check, poll
+from ..cluster import discovery
+from ..cluster.access import ensure_etcd_auth, etcd_context, etcd_for
+from ..cluster.cohort_state import leader_state
+from ..cluster.waits import http_check, listening_check, poll
+from ..common import console
+from ..common.etcd_client import EtcdError
+from ..common.events import EventLog
+from ..common.frontend import complete
+from ..common.policy import RelaunchPolicy
 from ..deployment.plan import Plan
 from ..model.fsutil import atomic_write_json
 from ..model.readiness import readiness_gate

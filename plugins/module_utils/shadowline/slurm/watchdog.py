@@ -9,7 +9,7 @@ watches what a hang stops:
   ``DYN_SYSTEM_HOST:DYN_SYSTEM_PORT``. Armed once it first answered 200; a hang is no 200 for
   ``--health-timeout`` seconds (no answer at all, as from a frozen process, counts);
 - the same leader's generation progress: vLLM's ``vllm:num_requests_running`` and
-  ``vllm:generation_tokens_total`` on its ``/metrics`` (control/progress.py): a stall is requests running and
+  ``vllm:generation_tokens_total`` on its ``/metrics`` (common/progress.py): a stall is requests running and
   the token counter still for ``--progress-stall`` seconds, wherever the stuck rank runs (a rank stuck in a
   collective stops every step of the leader). Headless ranks expose nothing of their own: they are ended by
   torch's NCCL watchdog (the plan's environment) or their step's teardown.
@@ -46,14 +46,14 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .. import console
 from ..backends import BACKENDS
-from ..control import discovery, progress
-from ..control.access import client_context, etcd_from_env
-from ..control.etcd_client import Etcd, EtcdError
-from ..control.http import http_get
-from ..control.policy import HangPolicy
-from ..control.proc import group_members, listening_ports, stopped
+from ..cluster import discovery
+from ..cluster.access import client_context, etcd_from_env
+from ..common import console, progress
+from ..common.etcd_client import Etcd, EtcdError
+from ..common.http import http_get
+from ..common.policy import HangPolicy
+from ..common.proc import group_members, listening_ports, stopped
 
 HANG_EXIT = 124
 KEEP_WARM_S = 60.0  # how often the revoking client touches etcd (a fifth of etcd's --auth-token-ttl default)

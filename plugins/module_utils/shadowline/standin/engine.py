@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..control import lock as failover_lock
+from ..common import lock as failover_lock
 from . import cohort, faults, gms_client, logs, settings, system_server, weights
 from .failover_metrics import FailoverMetrics
 from .progress_metrics import ProgressMetrics

@@ -1,4 +1,4 @@
-"""The stand-in engines' writer of Dynamo's per-engine failover metrics (names: control/failover_metrics.py): state
+"""The stand-in engines' writer of Dynamo's per-engine failover metrics (names: common/failover_metrics.py): state
 machine, Prometheus text, persisted counters.
 
 The two switch counters are written through to ``failover_metrics_engine-<ENGINE_ID>.json``
@@ -15,7 +15,7 @@ import os
 import threading
 import time
 
-from ..control.failover_metrics import (
+from ..common.failover_metrics import (
     LAST_STATE_DURATION,
     STATE,
     STATE_ENTERED,
@@ -26,7 +26,7 @@ from ..control.failover_metrics import (
 )
 
 # the logger's name is in every line the stand-in logs (standin/logs.py): it keeps the one its lines have carried
-logger = logging.getLogger("shadowline.control.failover_metrics")
+logger = logging.getLogger("shadowline.common.failover_metrics")
 
 HELP = {
     STATE: "Current failover state, 1-hot over the state label (init|standby|waking|active).",

@@ -25,6 +25,12 @@ import threading
 import time
 from typing import Callable
 
+
+def rank_fault_path(engine_id: int | str, node_rank: int, directory: str) -> str:
+    """The stand-in rank's fault control file (docs/standin.md; in the failover lock's directory)."""
+    return os.path.join(directory, f"fault-engine-{engine_id}-rank-{node_rank}")
+
+
 log = logging.getLogger("shadowline.standin.faults")
 
 FAULTS = ("hang", "crash", "hang-collective", "hang-wake")

@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Any
 
-from .. import console
+from ..common import console
 from . import logs, settings, unix_messages
 
 log = logging.getLogger("shadowline.standin.gms_server")

@@ -2,7 +2,7 @@
 (``"detail"`` optional) that drills append under the deployment's state dir (``fake_events_path``,
 ``append_fake_event``; ``FakeEvents`` reads new lines). The stand-in backend (backends/standin.py) hands it to the
 node agent's listener (control/gpu_watch.py) as its own source; each line is classified as a real event is
-(control/gpu_health.classify)."""
+(common/gpu_health.classify)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import os
 import time
 
-from ..control.gpu_health import GPU_EVENTS_FILE, GpuFault, classify
+from ..common.gpu_health import GPU_EVENTS_FILE, GpuFault, classify
 
 FAKE = "fake"  # GpuFault.source of the events read here
 FAKE_POLL_S = 0.05  # the stand-in's event file is read this often

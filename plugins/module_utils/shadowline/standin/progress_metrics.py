@@ -1,6 +1,6 @@
 """vLLM's progress metrics as the stand-in leader serves them on its system port, beside Dynamo's: what dynamo.vllm
 re-exports from vLLM (``vllm:num_requests_running``, a gauge; ``vllm:generation_tokens_total``, a counter; labels
-``model_name`` and ``engine``, control/progress.py) so that the agent judges the stand-in as it judges real engines.
+``model_name`` and ``engine``, common/progress.py) so that the agent judges the stand-in as it judges real engines.
 
 The tokens come from the worker that generates them (dynamo.mocker): its work handler's
 ``dynamo_component_inflight_requests`` (requests running) and ``dynamo_component_response_bytes_total`` (what it
@@ -10,7 +10,7 @@ both stop where they were when generation stops (a rank stuck in the collective 
 stay running, the counter stands still.
 
 A frozen worker (SIGSTOP) cannot answer for its handler gauge, while a real engine's Dynamo runtime keeps taking
-requests and counting them when its engine core hangs (control/progress.py). So while the worker is frozen the
+requests and counting them when its engine core hangs (common/progress.py). So while the worker is frozen the
 leader serves the handler gauge itself: the last value it read, or the number of the worker's request-plane
 connections holding requests it has not read (``Worker.requests_waiting``), whichever is larger. vLLM's own gauge
 stays where it was, as vLLM's does.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 
-from ..control.progress import ENDPOINT, GENERATION_TOKENS, HANDLER_INFLIGHT, RUNNING, samples
+from ..common.progress import ENDPOINT, GENERATION_TOKENS, HANDLER_INFLIGHT, RUNNING, samples
 from .failover_metrics import render_family
 
 WORKER_RESPONSE_BYTES = "dynamo_component_response_bytes_total"

@@ -6,8 +6,8 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-from ..backends import standin as backends_standin
-from ..deployment.values import as_bool
+from ..common.values import as_bool
+from .faults import rank_fault_path
 
 GMS_TAGS = ("weights", "kv_cache")
 DEFAULT_LOCK_PATH = "/shared/failover.lock"  # upstream's default
@@ -80,7 +80,7 @@ def heartbeat_path(engine_id: int | str, rank: int, directory: str | None = None
 def fault_paths(engine_id: str, rank: int, directory: str | None = None) -> list[str]:
     """Control files a rank watches: one for itself, one for its whole engine on this host."""
     d = directory or state_dir()
-    return [backends_standin.rank_fault_path(engine_id, rank, d), os.path.join(d, f"fault-engine-{engine_id}")]
+    return [rank_fault_path(engine_id, rank, d), os.path.join(d, f"fault-engine-{engine_id}")]
 
 
 def on_peer_death() -> str:

@@ -32,8 +32,8 @@ import time
 import urllib.error
 import urllib.request
 
-from ..control.http import fetch, open_direct
-from ..control.proc import TCP_ESTABLISHED, TCP_LISTEN, listening_ports, socket_inodes, tcp_sockets
+from ..common.http import fetch, open_direct
+from ..common.proc import TCP_ESTABLISHED, TCP_LISTEN, listening_ports, socket_inodes, tcp_sockets
 from . import unix_messages
 
 log = logging.getLogger("shadowline.standin.worker")
@@ -74,7 +74,7 @@ def port_free(host: str, port: int) -> bool:
 
 
 def http_get(url: str, timeout: float) -> tuple[int, dict[str, str], bytes]:
-    """(status, headers, body) through the library's one HTTP GET (control/http.py); OSError when nothing
+    """(status, headers, body) through the library's one HTTP GET (common/http.py); OSError when nothing
     answered (the stand-in's callers treat that as a worker that is not up)."""
     answer = fetch(url, timeout)
     if answer is None:

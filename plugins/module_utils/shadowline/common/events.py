@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Iterator
 
-from .. import console
+from . import console
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 ROTATE_BYTES = 64 * 1024 * 1024  # events.jsonl is rotated when a line would take it past this

@@ -1,6 +1,6 @@
 """What the agents decided and what the drills measured, for ``shadowline history``.
 
-Events are the JSON lines of ``events.jsonl`` (control/events.py: the agent's, in the deployment's state
+Events are the JSON lines of ``events.jsonl`` (common/events.py: the agent's, in the deployment's state
 directory, rotated to ``events.jsonl.1`` .. ``.3``; the Slurm job's, in its job directory), read from files
 copied here or from the text ``playbooks/history.yml`` prints (the last lines of every node's file). Drill reports
 are the JSON files ``playbooks/drill.yml`` writes with ``-e drill_report=PATH`` (drill/report.py).
@@ -18,8 +18,8 @@ from calendar import timegm
 from pathlib import Path
 from typing import Any
 
-from .events import KEEP
-from .gpu_health import GPU_EVENTS_FILE
+from ..common.events import KEEP
+from ..common.gpu_health import GPU_EVENTS_FILE
 
 EVENTS_FILE = re.compile(r"events\.jsonl(\.[0-9]+)?$")  # events.jsonl, node0-events.jsonl, events.jsonl.2
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

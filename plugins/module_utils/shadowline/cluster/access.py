@@ -21,9 +21,9 @@ import os
 import ssl
 from typing import Any, Callable, Dict, Optional
 
+from ..common.etcd_client import Etcd, EtcdAuth, EtcdError, error_message, prefix_end
+from ..common.http import KeptConnections
 from ..deployment.plan import Plan
-from .etcd_client import Etcd, EtcdAuth, EtcdError, error_message, prefix_end
-from .http import KeptConnections
 
 DISCOVERY_PREFIX = "v1/"  # every key Dynamo 1.6.1 writes (instances, model cards, event channels)
 AGENT, DYNAMO, ROOT = "agent", "dynamo", "root"

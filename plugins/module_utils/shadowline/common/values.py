@@ -119,7 +119,7 @@ class Reader:
 
 # The directories of the system no path of a deployment may be: the roles create a deployment's directories and
 # give them to its service user, and teardown removes what the deployment created (docs/roles.md, Teardown).
-# The one home of this list (deployment/values.py): the contract's paths, gms_slurm's and the docs use it.
+# The one home of this list (common/values.py): the contract's paths, gms_slurm's and the docs use it.
 SYSTEM_DIRECTORIES = frozenset({
     "/", "/bin", "/boot", "/dev", "/dev/shm", "/dev/mqueue", "/dev/hugepages", "/etc", "/etc/systemd",
     "/etc/systemd/system", "/etc/tmpfiles.d", "/etc/default", "/etc/ssl", "/home", "/lib", "/lib32", "/lib64",

@@ -1,4 +1,4 @@
-"""NVIDIA's Xid catalog, sorted into what shadowline does about each Xid: data only (control/gpu_health.py reads it).
+"""NVIDIA's Xid catalog, sorted into what shadowline does about each Xid: data only (common/gpu_health.py reads it).
 
 Source: NVIDIA's "Analyzing Xid Errors with the Xid Catalog" (docs.nvidia.com/deploy/xid-errors/
 analyzing-xid-catalog.html, the catalog for Ampere and newer GPUs), column "Resolution Bucket (Immediate

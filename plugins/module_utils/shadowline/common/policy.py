@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..deployment.settings import Failover
+from .settings import Failover
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class HangPolicy:
 
     def judge(self, generation_still_s: float | None, health_silent_s: float | None) -> str | None:
         """``generation-stalled``, ``leader-hung`` or None (not hung, or not judged yet). ``generation_still_s``:
-        how long the leader's token counter has stood still while requests ran (control/progress.py; None:
+        how long the leader's token counter has stood still while requests ran (common/progress.py; None:
         idle, or no progress metrics); ``health_silent_s``: what ``silence`` says of its /health (None: no 200
         since its start, or a headless rank, which has no /health)."""
         if generation_still_s is not None and generation_still_s > self.progress_stall_s:

@@ -59,7 +59,7 @@ def complete(url: str, model: str, timeout: float = 5.0) -> tuple[int, str]:
 
 def send(url: str, body: bytes, timeout_s: float, seq: int = 0, context: ssl.SSLContext | None = None) -> Request:
     """One chat completion; ok means HTTP 200 with a JSON body that has ``choices``. ``context``: the CA and
-    client certificate of an https:// frontend (control/access.py, frontend_context)."""
+    client certificate of an https:// frontend (cluster/access.py, frontend_context)."""
     request, _payload = exchange(url, body, timeout_s, seq, context)
     return request
 

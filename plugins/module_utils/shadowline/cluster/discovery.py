@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..common.etcd_client import KV, Etcd, EtcdError
 from ..deployment.plan import Plan
-from .etcd_client import KV, Etcd, EtcdError
 
 PREFIX = "v1/"
 INSTANCES = "v1/instances/"

@@ -154,7 +154,7 @@ class Etcd:
         self.timeout = timeout
         self.deadline = max(timeout, deadline)
         self.ssl_context = ssl_context  # https:// endpoints: the deployment's CA and this client's certificate
-        self.auth = auth  # etcd's role-based access: the user this client acts as (control/access.py builds it)
+        self.auth = auth  # etcd's role-based access: the user this client acts as (cluster/access.py builds it)
         self._connections = KeptConnections(ssl_context)
         self._preferred = 0
 

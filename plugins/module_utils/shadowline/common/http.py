@@ -1,6 +1,6 @@
 """The library's HTTP: one GET (a status and a body, or None when nothing answered in time), the opener every
 client of the deployment's own services uses (engines' system ports, the frontend), and the kept-alive connections
-of a client that calls one service many times a second (etcd, control/etcd_client.py).
+of a client that calls one service many times a second (etcd, common/etcd_client.py).
 
 Those are addresses of the deployment: requests go to them directly, never through an HTTP proxy named in the
 environment (``http_proxy`` of a login shell or a Slurm job would otherwise carry etcd and health traffic off the

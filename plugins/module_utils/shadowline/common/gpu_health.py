@@ -1,4 +1,4 @@
-"""GPU health events of one node, as typed faults with the action each needs (control/xid_table.py): pure parsing
+"""GPU health events of one node, as typed faults with the action each needs (common/xid_table.py): pure parsing
 and classification, and three sources a per-node listener polls. Nothing here acts on a fault.
 
 Sources, best first:
@@ -27,7 +27,7 @@ NVML = "nvml"
 KERNEL_LOG = "kernel-log"
 KERNEL_LOG_ARGV = ("journalctl", "-k", "-f", "-o", "cat", "--since", "now")
 # A node's GPU event file in the deployment's state dir (the stand-in's source, standin/gpu_events.py): named here,
-# where the history reader (control/history.py) can leave it out of the event logs without importing the stand-in.
+# where the history reader (cluster/history.py) can leave it out of the event logs without importing the stand-in.
 GPU_EVENTS_FILE = "gpu-events.jsonl"
 XID_RECOVERY_ACTION = 154
 XID_DOUBLE_BIT_ECC = 48

@@ -9,8 +9,8 @@ import ssl
 import time
 from typing import Callable
 
+from ..common.http import http_get
 from .cohort_state import lock_holder
-from .http import http_get
 
 
 def poll(check: Callable[[], str | None], timeout_s: float, interval_s: float = 0.1,

@@ -14,13 +14,13 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from ..common.failover_metrics import EngineFailoverView, engine_failover_view
+from ..common.http import http_get
+from ..common.lock import is_locked, read_holder
+from ..common.policy import HangPolicy
+from ..common.proc import argv_process, unit_properties
+from ..common.progress import parse_sample
 from ..deployment.plan import Plan
-from .failover_metrics import EngineFailoverView, engine_failover_view
-from .http import http_get
-from .lock import is_locked, read_holder
-from .policy import HangPolicy
-from .proc import argv_process, unit_properties
-from .progress import parse_sample
 
 LEADER_STATES = {"standby": "parked", "waking": "waking", "active": "active", "init": "starting"}
 
