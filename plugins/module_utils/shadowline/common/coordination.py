@@ -115,14 +115,22 @@ def is_finite(value: Any) -> bool:
 
 
 class Keys:
-    def __init__(self, deployment: str) -> None:
-        self.root = f"/shadowline/{deployment}/"
+    """The keys of one deployment (``replica`` None: today's layout, every key as the module's docstring lists
+    them), or of one replica of a fleet (docs/fleet-design.md, schema 3): the replica's records (``slots``,
+    ``gone``, ``ranks``, ``active``, ``paused``) under ``replicas/<replica>/``, a node's own (``agents``,
+    ``gms_lost``, ``fenced``) deployment-wide. ``root`` is the prefix an agent watches and reads its view from
+    (its replica's with a replica); ``deployment_root`` the deployment's, either way."""
+
+    def __init__(self, deployment: str, replica: int | None = None) -> None:
+        self.deployment_root = f"/shadowline/{deployment}/"
+        self.replica = replica
+        self.root = self.deployment_root if replica is None else f"{self.deployment_root}replicas/{replica}/"
 
     def agent(self, host: str) -> str:
-        return f"{self.root}agents/{host}"
+        return f"{self.deployment_root}agents/{host}"
 
     def agents(self) -> str:
-        return f"{self.root}agents/"
+        return f"{self.deployment_root}agents/"
 
     def slot(self, cohort: int) -> str:
         return f"{self.root}slots/{cohort}"
@@ -138,19 +146,20 @@ class Keys:
         return f"{self.root}active"
 
     def gms_lost(self, host: str | None = None) -> str:
-        return f"{self.root}gms_lost/{host}" if host else f"{self.root}gms_lost/"
+        return f"{self.deployment_root}gms_lost/{host}" if host else f"{self.deployment_root}gms_lost/"
 
     def rank(self, cohort: int, host: str) -> str:
         """The cohort's rank on ``host``: its generation and the configuration it runs (RankRecord)."""
         return f"{self.root}ranks/{cohort}/{host}"
 
     def paused(self) -> str:
-        """Automatic failover paused for maintenance (an operator writes and removes it: playbooks/pause.yml)."""
+        """Automatic failover paused for maintenance (an operator writes and removes it: playbooks/pause.yml); in a
+        fleet the replica's (its agents watch their replica's prefix only)."""
         return f"{self.root}paused"
 
     def fenced(self, host: str | None = None) -> str:
         """A node whose GPU needs a reset or service (its agent writes it; an operator removes it: unfence)."""
-        return f"{self.root}fenced/{host}" if host else f"{self.root}fenced/"
+        return f"{self.deployment_root}fenced/{host}" if host else f"{self.deployment_root}fenced/"
 
 
 class Coordination:
