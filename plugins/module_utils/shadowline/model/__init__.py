@@ -14,7 +14,7 @@ Modules (each small, named for what it does):
 - ``readiness``: ``readiness_gate`` over all nodes' statuses.
 - ``report``: the controller's table of every node's model and the progress line of a running staging.
 - ``fetch_file``, ``fetch_hf``, ``fetch_rsync``: the sources.
-- ``stage``: ``ensure_model`` / ``remove_model``, the one entry point callers need.
+- ``stage``: ``ensure_model`` / ``remove_model``, the one entry point callers need; ``stage_result``: what a run reports.
 
 Nothing here imports Ansible; imports inside the package are relative.
 """

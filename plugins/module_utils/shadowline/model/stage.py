@@ -26,7 +26,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -59,6 +58,7 @@ from .policy import (
 from .progress import ProgressCallback, ProgressReport, ProgressTracker
 from .safetensors_header import check_index, check_safetensors
 from .spec import ModelSpec, is_pinned
+from .stage_result import StageResult, file_lines, manifest_view
 from .status import DOWNLOADING, FAILED, PENDING, READY, ModelStatus, write_status
 from .verify import VerifyReport, list_files, verify_dir
 
@@ -68,63 +68,6 @@ FETCHERS: dict[str, ModuleType] = {
     "rsync": fetch_rsync,
     "rsync+ssh": fetch_rsync,
 }
-
-
-@dataclass
-class StageResult:
-    changed: bool
-    state: str
-    model_id: str
-    revision: str | None
-    digest: str | None
-    total_bytes: int
-    weight_bytes: int
-    files: int
-    local_dir: str
-    manifest_path: str
-    status_path: str
-    actions: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    repaired: list[str] = field(default_factory=list)
-    before: dict[str, Any] | None = None
-    after: dict[str, Any] | None = None
-    fetched_bytes: int = 0
-    fetch_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    hashed_bytes: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "changed": self.changed,
-            "status": self.state,
-            "model_id": self.model_id,
-            "revision": self.revision,
-            "digest": self.digest,
-            "total_bytes": self.total_bytes,
-            "weight_bytes": self.weight_bytes,
-            "files": self.files,
-            "local_dir": self.local_dir,
-            "manifest_path": self.manifest_path,
-            "status_path": self.status_path,
-            "actions": list(self.actions),
-            "notes": list(self.notes),
-            "repaired": list(self.repaired),
-            "fetched_bytes": self.fetched_bytes,
-            "fetch_seconds": round(self.fetch_seconds, 6),
-            "verify_seconds": round(self.verify_seconds, 6),
-            "hashed_bytes": self.hashed_bytes,
-        }
-
-
-def _file_lines(entries: list[tuple[str, int, str | None]], limit: int = 20) -> list[str]:
-    lines = [f"{path}  {size if size is not None else '?'}  {sha[:12] if sha else '-'}" for path, size, sha in entries]
-    return lines[:limit] + ([f"... {len(lines) - limit} more files"] if len(lines) > limit else [])
-
-
-def _manifest_view(manifest: Manifest) -> dict[str, Any]:
-    view = manifest.summary()
-    view["file_list"] = _file_lines([(e.path, e.size, e.sha256) for e in sorted(manifest.files, key=lambda e: e.path)])
-    return view
 
 
 class _Run:
@@ -306,7 +249,7 @@ class _Run:
                 field="gms_model.local_dir",
                 fix="move its content away (it is never deleted automatically), or choose another gms_model.local_dir.",
             )
-        before = _manifest_view(current) if current else None
+        before = manifest_view(current) if current else None
 
         plan: Plan | None = None
         if not is_pinned(spec.revision):
@@ -381,7 +324,7 @@ class _Run:
             "digest": None,
             "files": len(wanted),
             "total_bytes": total,
-            "file_list": _file_lines([(p, rf.size, rf.sha256) for p, rf in sorted(wanted.items())]),
+            "file_list": file_lines([(p, rf.size, rf.sha256) for p, rf in sorted(wanted.items())]),
         }
         if self.check_mode:
             return self.result(
@@ -531,7 +474,7 @@ class _Run:
             READY,
             manifest,
             before=before,
-            after=_manifest_view(manifest),
+            after=manifest_view(manifest),
             repaired=repaired,
             fetched_bytes=needed,
             fetch_seconds=fetch_seconds,
@@ -622,7 +565,7 @@ def remove_model(spec: ModelSpec, *, check_mode: bool = False) -> StageResult:
     if not check_mode:
         for target in targets:
             remove_tree(target)
-    before = _manifest_view(current) if current else None
+    before = manifest_view(current) if current else None
     result = run.result(bool(targets), "Absent", None, before=before, after=None)
     result.revision = current.revision if current else None
     return result
