@@ -1,6 +1,7 @@
 """The executor's dispatch (control/executor.py): every kind of action the agent's decisions return
 (control/actions.py) has exactly one handler, in the node's table (Executor.NODE_ACTIONS) or the driver's
-(Executor.DRIVER_ACTIONS), never both and never neither, so that a new action without a handler fails here rather
+(Executor.DRIVER_ACTIONS), never both and never neither (their handlers live in control/node_effects.py and
+control/driver_effects.py), so that a new action without a handler fails here rather
 than in a running agent. The list of actions is read from actions.py itself: every class it defines is an action
 (it defines no base or abstract class; ``Action`` is a Union of the classes, not a class, and not the list: it
 lacks NoteMixed and PublishRank, which the duties return). An action of a kind in neither table is refused, named."""

@@ -1,6 +1,6 @@
-"""A relaunch or a promotion does not hold up the agent's loop (control/executor.py ``launch``, ``check_start``,
-``look_at_promotion``): systemd is asked for the start job in a thread, the loop tracks the start only once it was
-asked, each look at the start's unit runs in a thread too, and so does each look at a promoted cohort. ``systemctl`` here is a script first on PATH
+"""A relaunch or a promotion does not hold up the agent's loop (control/node_effects.py ``launch``,
+``check_start``, control/driver_effects.py ``look_at_promotion``): systemd is asked for the start job in a thread,
+the loop tracks the start only once it was asked, each look at the start's unit runs in a thread too, and so does each look at a promoted cohort. ``systemctl`` here is a script first on PATH
 that takes 0.3 s (on a loaded testbed host the two calls took 31-180 ms, during which the driver's promotion was
 not recorded) and logs each call with its start and end."""
 
@@ -131,7 +131,7 @@ def test_a_look_at_a_promotion_returns_at_once_and_its_answer_is_handed_to_the_p
     executor([LookAtPromotion()])
     p = driver.promotion
     assert p is not None and p.looking and p.look_sent >= began
-    assert executor.promotion_looks.empty(), "the loop waited for the look"
+    assert executor.probes.promotion_looks.empty(), "the loop waited for the look"
     deadline = time.monotonic() + 5
     while not executor.take_probe_results():
         assert time.monotonic() < deadline, "the look never answered"
@@ -142,7 +142,7 @@ def test_a_look_at_a_promotion_returns_at_once_and_its_answer_is_handed_to_the_p
     executor([LookAtPromotion()])
     driver.promotion = None
     deadline = time.monotonic() + 5
-    while executor.promotion_looks.empty() and time.monotonic() < deadline:
+    while executor.probes.promotion_looks.empty() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert executor.take_probe_results() is False
     silent.close()
@@ -156,7 +156,7 @@ def test_a_promotion_looks_error_is_reported_at_most_every_ten_seconds(tmp_path:
     driver, executor = promoting_driver(plan, hosts[0], log)
     for look in range(3):
         driver.promotion.looking = True
-        executor.promotion_looks.put((0, 3, PromotionSeen(error="KeyError: 'kvs'")))
+        executor.probes.promotion_looks.put((0, 3, PromotionSeen(error="KeyError: 'kvs'")))
         assert executor.take_probe_results() is True, f"look {look}"
         assert not driver.promotion.looking, f"look {look}"
     errors = [json.loads(line) for line in log.read_text().splitlines()]

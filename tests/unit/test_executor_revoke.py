@@ -1,4 +1,4 @@
-"""The driver's revocation of a failed generation's discovery registration (control/executor.py ``revoke``),
+"""The driver's revocation of a failed generation's discovery registration (control/driver_effects.py ``revoke``),
 against a real etcd on loopback holding Dynamo 1.6.1's records (cluster/discovery.py): the failed generation's
 lease goes, and a later generation of the same cohort, registered by the time a deferred revocation is due,
 keeps its own. A real dynamo.vllm leader's card names the cohort's system port, so the cohort's records of both
@@ -94,7 +94,7 @@ def test_a_revocation_etcd_did_not_answer_is_tried_again(tmp_path: Path):
         failed_at = driver.revoke_failed_at[(1, 1)]
         soon = Now(wall=failed_at + REVOKE_RETRY_S / 2, mono=0.0)
         assert revoke_due(relaunched, driver, NodeMemory(), soon) == []  # not again at once
-        executor.etcd = etcd  # etcd answers again
+        executor.driver_side.etcd = etcd  # etcd answers again (to the driver side, which revokes)
         later = Now(wall=failed_at + REVOKE_RETRY_S, mono=0.0)
         executor(revoke_due(relaunched, driver, NodeMemory(), later))
         assert registrations(etcd) == [], "the dead registration is still there"
