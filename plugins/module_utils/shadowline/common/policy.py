@@ -9,6 +9,15 @@ from .settings import Failover
 
 
 @dataclass(frozen=True)
+class RelaunchDecision:
+    """What follows the death of a slot's generation: the slot's count of quick failures in a row after it, and
+    either the delay before the next launch or the slot given up (a crash loop)."""
+    attempts: int
+    gives_up: bool
+    delay_s: float  # 0.0 when given up
+
+
+@dataclass(frozen=True)
 class RelaunchPolicy:
     """gms_failover's relaunch policy. A failure that came soon after the launch (within stable_after_s) is a
     quick failure; quick failures in a row grow the delay before the next launch, and more than
@@ -40,6 +49,18 @@ class RelaunchPolicy:
     def gives_up(self, attempts: int) -> bool:
         """More quick failures in a row than allowed: the slot is dead."""
         return attempts > self.max_attempts
+
+    def after_death(self, attempts: int, ran_s: float | None) -> RelaunchDecision:
+        """The one relaunch decision, the node agent's and the Slurm supervisor's: a slot that had counted
+        ``attempts`` quick failures in a row lost a generation that ran ``ran_s`` seconds since its launch (None:
+        it never started). A quick death counts one more, a run of stable_after_s starts the count again at 0,
+        whether or not the generation parked or served meanwhile (a generation that parks, or is promoted, and
+        then dies soon, again and again, is a crash loop too); past max_attempts the slot is given up, else it
+        is relaunched after ``delay`` of the new count (at once after a stable run)."""
+        after = self.attempts_after(attempts, ran_s)
+        if self.gives_up(after):
+            return RelaunchDecision(after, gives_up=True, delay_s=0.0)
+        return RelaunchDecision(after, gives_up=False, delay_s=self.delay(after))
 
 
 LEADER_HUNG = "leader-hung"  # no 200 from the leader's /health for health_timeout_s

@@ -273,14 +273,15 @@ def relaunch_due(slot: Slot, revision: int, view: DeploymentView, hosts: list[st
         return actions + [SwapSlot(held, revision, "dead", then=(
             Record("slot-held", slot.cohort, slot.generation, {"fenced": sorted(view.fenced), "detail": (
                 "relaunch held while a node is fenced; it resumes by itself once the node is unfenced")}),))]
-    attempts = policy.attempts_after(slot.attempts, ran_for(slot, driver))
-    if policy.gives_up(attempts):
+    decision = policy.after_death(slot.attempts, ran_for(slot, driver))
+    attempts = decision.attempts
+    if decision.gives_up:
         dead = Slot(cohort=slot.cohort, generation=slot.generation, state=DEAD, reason="crash-loop",
                     attempts=attempts, since=now.wall)
         detail = "crash loop: relaunches stopped; fix the cause, then run playbooks/failover.yml"
         return actions + [SwapSlot(dead, revision, "dead", then=(
             Record("slot-dead", slot.cohort, slot.generation, {"attempts": attempts, "detail": detail}),))]
-    delay = policy.delay(attempts)
+    delay = decision.delay_s
     launching = Slot(cohort=slot.cohort, generation=slot.generation + 1, state=LAUNCHING, since=now.wall,
                      reason=f"relaunch after {slot.reason}", attempts=attempts, not_before=now.wall + delay,
                      config=config)
