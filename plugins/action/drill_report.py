@@ -12,10 +12,8 @@ from typing import Any
 
 from ansible.plugins.action import ActionBase
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.report import (
-    compute_report,
-    render_timeline_table,
-)
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.report import compute_report
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.report_text import render_timeline_table
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.svg import render_svg
 
 

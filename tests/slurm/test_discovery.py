@@ -20,7 +20,7 @@ import urllib.request
 from shadowline.cluster import discovery
 from shadowline.common.etcd_client import Etcd
 from shadowline.common.proc import listening_ports
-from shadowline.drill.slurm_load import Load
+from shadowline.drill.load import Load
 
 from ..standin import harness
 from .local_infra import loopback_plan
@@ -97,18 +97,18 @@ def test_records_cohort_match_and_revoke_timing(procs, infra, tiny_model, tmp_pa
     assert discovery.cohort_registrations(etcd, plan, 0) == []
     time.sleep(1.5)
     requests = load.stop()
-    before_revoke = [r for r in requests if killed <= r.sent < revoking]
-    after_revoke = [r for r in requests if r.sent >= revoking]
+    before_revoke = [r for r in requests if killed <= r.start < revoking]
+    after_revoke = [r for r in requests if r.start >= revoking]
     failed_before = [r for r in before_revoke if not r.ok]
     failed_after = [r for r in after_revoke if not r.ok]
-    last_failed = max((r.sent for r in failed_after), default=None)
+    last_failed = max((r.start for r in failed_after), default=None)
     workers[0].signal_group(signal.SIGKILL)
     print(f"hang, no revoke: {len(failed_before)} of {len(before_revoke)} requests failed in 1 s "
           f"({sorted({r.status for r in failed_before})}); revoke took {1000 * (revoke_done - revoking):.1f} ms; "
           f"after it {len(failed_after)} of {len(after_revoke)} failed"
           + (f", the last sent {1000 * (last_failed - revoking):.1f} ms after the revoke began" if last_failed else ""))
     assert failed_before, "requests routed to the hung worker should have failed"
-    assert all(r.ok for r in after_revoke if r.sent > revoke_done + 0.2), \
+    assert all(r.ok for r in after_revoke if r.start > revoke_done + 0.2), \
         "the frontend still routes to the revoked worker"
     assert revoke_done - revoking < 0.5
 

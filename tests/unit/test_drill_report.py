@@ -18,7 +18,8 @@ from shadowline.deployment.plan import Plan
 from shadowline.deployment.plan_builder import build_plan
 from shadowline.drill.faults import FAULTS, DrillError, choose_target
 from shadowline.drill.load import run_load, summarize
-from shadowline.drill.report import compute_report, fault_time, render_timeline_table
+from shadowline.drill.report import compute_report, fault_time
+from shadowline.drill.report_text import render_timeline_table
 from shadowline.drill.svg import render_svg
 from tests.unit.helpers import hostvars
 

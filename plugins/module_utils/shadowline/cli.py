@@ -97,15 +97,23 @@ def plan_lines(data: dict) -> list[str]:
     plan = Plan.from_dict(data)
     lines = [f"deployment {plan.deployment}: backend {plan.backend}, "
              f"model {plan.model_id}@{plan.revision[:12]}, lock {plan.lock_path}"]
+    if plan.fleet:
+        lines.append(f"fleet: {len(plan.replicas)} replicas of {len(plan.replicas[0].members)} node(s), planned but "
+                     "not deployed yet (preflight refuses a fleet: docs/fleet-design.md)")
     infra = plan.infra
     lines.append(f"infra: etcd {infra.etcd_endpoints}  nats {infra.nats_server}  frontend {infra.frontend_url}")
-    for cohort in plan.cohorts:
-        p = cohort.ports
-        lines.append(f"cohort {cohort.cohort} ({cohort.role}, ENGINE_ID={cohort.engine_id}) "
-                     f"master {p.master} system {p.system} nixl {p.nixl}")
-        for rank in cohort.ranks:
-            kind = "leader" if rank.leader else "headless"
-            lines.append(f"  {rank.host} rank {rank.node_rank} ({kind}): {rank.process.command_line()}")
+    for replica in plan.replicas:  # one replica (today's deployment): its cohorts only, as before fleets
+        indent = "  " if plan.fleet else ""
+        if plan.fleet:
+            lines.append(f"replica {replica.id}: {', '.join(replica.members)} (leader {replica.leader}, "
+                         f"master address {replica.master_address})")
+        for cohort in replica.cohorts:
+            p = cohort.ports
+            lines.append(f"{indent}cohort {cohort.cohort} ({cohort.role}, ENGINE_ID={cohort.engine_id}) "
+                         f"master {p.master} system {p.system} nixl {p.nixl}")
+            for rank in cohort.ranks:
+                kind = "leader" if rank.leader else "headless"
+                lines.append(f"{indent}  {rank.host} rank {rank.node_rank} ({kind}): {rank.process.command_line()}")
     monitoring = plan.monitoring
     if monitoring and monitoring.mode != "none":
         lines.append(f"monitoring: {monitoring.mode} on {monitoring.host} "
@@ -119,29 +127,24 @@ def cmd_render_slurm(args: argparse.Namespace) -> int:
 
 
 def cmd_drill_report(args: argparse.Namespace) -> int:
-    from .drill.report import render_timeline_table
-    from .drill.svg import render_svg
-    path = Path(args.file)
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise SystemExit(f"{PROG} drill-report: cannot read {path}: {err}") from None
-    try:
-        lines = render_timeline_table(report)
-    except (KeyError, TypeError, AttributeError, ValueError) as err:
-        raise SystemExit(f"{PROG} drill-report: {path} is not a drill report (the JSON playbooks/drill.yml writes "
-                         f"with -e drill_report=PATH): {type(err).__name__} {err}") from None
-    for line in lines:
+    return run_drill_tool("table", args.file, *(["--svg", args.svg] if args.svg is not None else []))
+
+
+def run_drill_tool(*argv: str) -> int:
+    """The drill report tooling, run as its own program (``python -m shadowline.drill.report_tool``, so that no
+    production command imports drill/): its output is the command's, its refusal (exit status 1 and one line on
+    stderr) the command's refusal, its exit status the command's."""
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+    run = subprocess.run([sys.executable, "-m", "shadowline.drill.report_tool", *argv], capture_output=True,
+                         text=True, env=env, check=False)
+    for line in run.stdout.splitlines():
         console.out(line)
-    evidence = report.get("evidence") or {}
-    if args.svg != "-" and "requests" in evidence:
-        svg = Path(args.svg) if args.svg else path.with_suffix(".svg")
-        try:
-            svg.write_text(render_svg(report, evidence["requests"], evidence.get("nodes") or []))
-        except OSError as err:
-            raise SystemExit(f"{PROG} drill-report: cannot write the timeline {svg}: {err.strerror}") from None
-        console.out(f"timeline: {svg}")
-    return 0 if report.get("passed", True) else 1
+    if run.returncode != 0 and run.stderr.strip():
+        raise SystemExit(run.stderr.rstrip("\n"))
+    for line in run.stderr.splitlines():
+        console.err(line)
+    return run.returncode
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -311,20 +314,9 @@ def node_events(history: ModuleType, args: argparse.Namespace) -> list[dict]:
 
 
 def show_reports(path: Path, args: argparse.Namespace) -> int:
-    """The drill reports of ``path`` (a file or a directory), one line each; JSON files that are not reports are
-    named on stderr and left out."""
-    from .drill.report_list import report_lines, reports_at
-    records, left_out = reports_at(path)
-    for name in left_out:
-        console.err(f"{PROG} history --reports: {name} is not a drill report, left out")
-    records = [r for r in records if args.since is None or (r["injected_at"] or 0) >= args.since]
-    records = records[-args.limit:] if args.limit else records
-    if args.output == "json":
-        console.out(json.dumps(records, indent=2))
-    else:
-        for line in report_lines(records):
-            console.out(line)
-    return 0
+    """The drill reports of ``path`` (a file or a directory), one line each (the drill report tooling's list)."""
+    return run_drill_tool("list", str(path), *(["--since", repr(args.since)] if args.since is not None else []),
+                          *(["--limit", str(args.limit)] if args.limit else []), "-o", args.output)
 
 
 HISTORY_TASK = "TASK [Print the events of every node]"

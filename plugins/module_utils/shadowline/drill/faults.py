@@ -1,8 +1,13 @@
-"""The drill faults: what each one does, where it lands, and what the drill expects of the agents afterwards.
+"""The drill faults of both paths, defined once: what each one does, where it lands, what the drill expects of the
+agents afterwards, and which path drills it.
 
-The serving cohort is the lock holder (``engine-<id>`` in the lock file on the leader node). Node-level faults
-(kill-gms, kill-agent, cut-node) take a node; the default is the one that tests the most (see ``Fault.node``),
-``target`` overrides it.
+``FAULTS``: the agents' deployments (playbooks/drill.yml, drill/node.py). The serving cohort is the lock holder
+(``engine-<id>`` in the lock file on the leader node). Node-level faults (kill-gms, kill-agent, cut-node) take a
+node; the default is the one that tests the most (see ``Fault.node``), ``target`` overrides it.
+
+``SLURM_FAULTS``: a Slurm job (slurm/drill, drill/slurm.py): the same faults where the job can have them, each
+hitting the serving cohort's step on the node ``Fault.node`` names (``leader``: the job's first node, ``last``:
+its last), the way ``Fault.slurm`` says (drill/slurm_fault.py), plus ``scancel-step``.
 """
 
 from __future__ import annotations
@@ -34,18 +39,23 @@ class Fault:
     rank_hook: bool = False  # needs the backend's per-rank fault control file (Backend.rank_fault_file)
     gpu_xid: int = 0  # a fake GPU health event with this Xid on the node's first GPU (Backend.fake_gpu_uuids)
     fences: bool = False  # the fault takes a GPU out of service: the node is fenced; the drill unfences it after
+    systemd: bool = True  # drilled on the agents' deployments (playbooks/drill.yml)
+    # Drilled on a Slurm job: what the fault task does to the step's engine rank on the target node, "kill"
+    # (SIGKILL), "stop" (SIGSTOP of its process group: a hang) or "none" (the drill triggers the failover itself);
+    # "" where a Slurm job has no such fault.
+    slurm: str = ""
 
 
-FAULTS: dict[str, Fault] = {f.name: f for f in (
+VOCABULARY: tuple[Fault, ...] = (
     Fault("kill-leader", "SIGKILL the serving cohort's leader (node rank 0) main process",
-          "serving", "leader", True, ("rank-exited",), True, False, 0.5),
+          "serving", "leader", True, ("rank-exited",), True, False, 0.5, slurm="kill"),
     Fault("kill-worker", "SIGKILL the serving cohort's rank on the last node",
-          "serving", "last", True, ("rank-exited",), True, False, 0.5, multi_node=True),
+          "serving", "last", True, ("rank-exited",), True, False, 0.5, multi_node=True, slurm="kill"),
     Fault("hang-leader", "freeze the serving leader's whole engine (SIGSTOP of every process of its unit)",
-          "serving", "leader", True, ("leader-hung",), True, False, 0.5),
+          "serving", "leader", True, ("leader-hung",), True, False, 0.5, slurm="stop"),
     Fault("hang-worker", "freeze the serving cohort's headless rank on the last node (SIGSTOP of every process "
           "of its unit): vLLM's /health stays 200, generation stops", "serving", "last", True,
-          (GENERATION_STALLED, CANARY_UNANSWERED), True, False, 0.5, multi_node=True),
+          (GENERATION_STALLED, CANARY_UNANSWERED), True, False, 0.5, multi_node=True, slurm="stop"),
     Fault("stall-generation", "a rank stuck in its collective, its process and the leader's /health up (the "
           "backend's rank control file: hang-collective) on the serving cohort's last-node rank", "serving",
           "last", True, (GENERATION_STALLED, CANARY_UNANSWERED), True, False, 0.5, multi_node=True,
@@ -64,7 +74,12 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
           "", "leader", False, (), False, True, 4.0),
     Fault("cut-node", "take a non-leader node's network down for a few seconds, then up again",
           "", "last", False, (), False, False, 1.0, multi_node=True),
-)}
+    Fault("scancel-step", "scancel J.S of the serving cohort's step (the manual failover trigger)",
+          "serving", "leader", False, (), True, False, 0.5, systemd=False, slurm="none"),
+)
+
+FAULTS: dict[str, Fault] = {f.name: f for f in VOCABULARY if f.systemd}
+SLURM_FAULTS: dict[str, Fault] = {f.name: f for f in VOCABULARY if f.slurm}
 
 
 def fault_names() -> list[str]:

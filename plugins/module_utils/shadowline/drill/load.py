@@ -8,19 +8,24 @@ that has not answered within ``timeout_s`` counts as failed. Every request is re
 Every request goes through the official OpenAI SDK with its stock retries, every other one streaming
 (``client="openai"``, drill/sdk_client.py: each request records what the application saw and what a client
 without retries saw), or through the one plain frontend client (common/frontend.py) that the agent's probes and
-the Slurm drill's load use (``client="raw"``, where the SDK is not installed). Run in the background by the
+the agent's probes use (``client="raw"``, where the SDK is not installed). Run in the background by the
 ``drill_load`` action: ``python -m shadowline.drill.load --url ... --out FILE`` writes one JSON line per
 finished request and a last ``{"summary": ...}`` line; SIGTERM (or ``--stop-file``
 appearing) ends it early, after the requests in flight have answered or timed out.
+
+The Slurm drill (drill/slurm.py) runs the same loop in a thread, ``Load(...).start()`` ... ``stop()``, unbounded
+until stopped, with the plain client by default; its requests are the same records.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import ssl
+import sys
 import threading
 import time
 from typing import Callable
@@ -29,7 +34,7 @@ from ..cluster.access import client_context
 from ..common.frontend import Request, completion_body, first_attempt_ok, send
 from . import sdk_client
 
-__all__ = ["Request", "completion_body", "read_results", "run_load", "send", "summarize"]
+__all__ = ["Load", "Request", "completion_body", "read_results", "run_load", "send", "summarize"]
 
 
 def run_load(url: str, model: str, rate: float = 20.0, duration_s: float = 30.0, max_requests: int = 600,  # noqa: PLR0913 (over the size limits of pyproject.toml; split it when it changes next)
@@ -85,6 +90,33 @@ def run_load(url: str, model: str, rate: float = 20.0, duration_s: float = 30.0,
     if sdk:
         sdk.close()
     return sorted(results, key=lambda r: r.seq)
+
+
+class Load:
+    """``run_load`` in a thread until ``stop()``: ``rate`` requests per second, bounded by neither count nor time
+    (the Slurm drill's load, and tests that drive one). ``requests``: every request, in order of sending, once
+    stopped."""
+
+    def __init__(self, url: str, model: str, rate: float = 20.0, timeout: float = 5.0,  # noqa: PLR0913 (run_load's options)
+                 max_in_flight: int = 1024, context: ssl.SSLContext | None = None, client: str = "raw") -> None:
+        self.requests: list[Request] = []
+        self._stop = threading.Event()
+        options = {"rate": rate, "duration_s": math.inf, "max_requests": sys.maxsize, "timeout_s": timeout,
+                   "max_in_flight": max_in_flight, "stop": self._stop, "context": context, "client": client}
+        self._thread = threading.Thread(target=self._run, args=(url, model, options), name="load", daemon=True)
+
+    def start(self) -> Load:
+        self._thread.start()
+        return self
+
+    def _run(self, url: str, model: str, options: dict) -> None:
+        self.requests = run_load(url, model, **options)
+
+    def stop(self) -> list[Request]:
+        """Stop sending and wait (bounded by the request timeout) for the requests in flight."""
+        self._stop.set()
+        self._thread.join()
+        return self.requests
 
 
 def summarize(requests: list[Request]) -> dict[str, object]:

@@ -35,44 +35,11 @@ from typing import Any, Dict
 from ..common.frontend import first_attempt_ok
 from ..common.lock import parse_holder
 from .faults import FAULTS, Fault
+from .outage import outage, rel
+from .report_checks import check
+from .report_text import timeline
 
 Evidence = Dict[str, Any]
-
-# Events shown in the timeline, and how (None: not shown).
-TIMELINE_EVENTS = {
-    "rank-exited": "rank exited (pid {pid})",
-    "failure-declared": "failure declared: {reason}",
-    "declare-failed-error": "could not declare {reason}: etcd unreachable",
-    "fenced": "fenced itself (cut off for {isolated_s} s)",
-    "ranks-gone": "its ranks here are gone",
-    "ranks-not-gone": "RANKS NOT GONE after {seconds} s",
-    "registration-revoked": "discovery lease revoked",
-    "lock-free": "lock free",
-    "generation-gone": "generation gone on every node",
-    "relaunch-scheduled": "relaunch scheduled (delay {delay_s} s, attempt {attempts})",
-    "rank-launched": "rank launched (pid {pid})",
-    "launch-failed": "LAUNCH FAILED",
-    "lock-acquired": "lock acquired, waking",
-    "lock-taken-by-failing": "lock taken by a failing generation ({slot})",
-    "registered": "registered in discovery",
-    "promoted": "promoted: cohort {cohort} active, registered, serving through the frontend",
-    "promotion-unverified": "PROMOTION UNVERIFIED: no {missing}",
-    "promotion-abandoned": "promotion abandoned (lock now {holder})",
-    "launch-abandoned": "launch abandoned (slot at generation {slot_generation})",
-    "relaunch-complete": "relaunch complete: new shadow parked",
-    "slot-dead": "SLOT DEAD: crash loop, relaunches stopped",
-    "agent-started": "agent started, adopted {adopted}",
-    "agent-stopped": "agent stopped",
-    "gms-lost": "GMS server lost",
-    "gms-republish": "writer relaunch to republish weights",
-    "gms-degraded": "GMS degraded: no shadow can take over to republish",
-    "etcd-unreachable": "etcd unreachable",
-    "etcd-reachable": "etcd reachable again (after {after_s} s)",
-}
-
-
-def _rel(t: float | None, t0: float) -> float | None:
-    return None if t is None else round(t - t0, 3)
 
 
 def _key(event: dict[str, Any]) -> tuple[int, int]:
@@ -113,7 +80,7 @@ class Drill:
 
     def rel(self, t: float | None) -> float | None:
         """Seconds from the fault."""
-        return _rel(t, self.t0)
+        return rel(t, self.t0)
 
 
 @dataclass(frozen=True)
@@ -248,30 +215,26 @@ class Requests:
 
 
 def request_figures(d: Drill, promoted: Event | None) -> Requests:
-    promo_at = promoted["time"] if promoted else None
     requests = d.requests
     # The window is what the service did: each request's first attempt (a client without retries); the SDK's
-    # retries may still have served it, which failed_sdk counts.
-    served = {id(r): first_attempt_ok(r) for r in requests}
-    failed = [r for r in requests if r["end"] >= d.t0 and not served[id(r)]]  # in flight at the fault, or after
-    first_failed = min(failed, key=lambda r: r["start"]) if failed else None
-    after_from = first_failed["start"] if first_failed else d.t0
-    first_ok = min((r for r in requests if served[id(r)] and r["start"] >= after_from), key=lambda r: r["end"],
-                   default=None)
-    failed_raw = sum(1 for r in requests if not served[id(r)])
+    # retries may still have served it, which failed_sdk counts. The same computation as the Slurm drill's.
+    seen = outage(requests, d.t0)
+    failed = seen.failed
+    before, after = seen.split(promoted["time"] if promoted else None)
+    failed_raw = sum(1 for r in requests if not first_attempt_ok(r))
     return Requests(
         requests={"sent": len(requests), "ok": len(requests) - failed_raw, "failed": failed_raw,
                   "failed_raw": failed_raw, "failed_sdk": sum(1 for r in requests if not r["ok"]),
                   "client": "openai" if any(r.get("first_ok") is not None for r in requests) else "raw",
                   "streams": sum(1 for r in requests if r.get("stream")),
                   "errors": dict(Counter(_error_class(r) for r in failed))},
-        failed_before_fault=sum(1 for r in requests if r["end"] < d.t0 and not served[id(r)]),
-        failed_before_promotion=sum(1 for r in failed if promo_at is None or r["start"] < promo_at),
-        failed_after_promotion=sum(1 for r in failed if promo_at is not None and r["start"] >= promo_at),
-        first_failed_s=d.rel(first_failed["start"]) if first_failed else None,
+        failed_before_fault=sum(1 for r in requests if r["end"] < d.t0 and not first_attempt_ok(r)),
+        failed_before_promotion=before,
+        failed_after_promotion=after,
+        first_failed_s=d.rel(seen.first_failed["start"]) if seen.first_failed else None,
         last_failed_s=d.rel(max(r["end"] for r in failed)) if failed else None,
-        first_ok_s=d.rel(first_ok["end"]) if first_ok else None,
-        serving_resumed=bool(requests and served[id(requests[-1])]))
+        first_ok_s=d.rel(seen.first_ok["end"]) if seen.first_ok else None,
+        serving_resumed=bool(requests and first_attempt_ok(requests[-1])))
 
 
 @dataclass(frozen=True)
@@ -396,275 +359,3 @@ def _error_class(request: dict[str, Any]) -> str:
         return str(status)
     error = str(request.get("error") or "error")
     return "timeout" if "timeout" in error or "within" in error else "no answer"
-
-
-def check(evidence: Evidence, report: dict[str, Any], spec: Any) -> tuple[list[str], list[str]]:  # noqa: C901, PLR0912, PLR0915 (over the size limits of pyproject.toml; split it when it changes next)
-    """What the drill expects of this fault (problems fail the drill) and what it only reports (notes)."""
-    problems: list[str] = []
-    notes: list[str] = []
-    name = spec.name
-    before, after = evidence.get("before") or {}, evidence.get("after") or {}
-    cohorts = int(evidence.get("cohorts") or len(before.get("slots") or {}) or 1)
-    if not report["settled"]:
-        problems.append(f"the agents did not settle: {report['settle_note']}")
-    if report["orphans"]:
-        problems.append(f"{len(report['orphans'])} process(es) of the failed generation still alive: "
-                        + ", ".join(f"{o['host']} pid {o['pid']}" for o in report["orphans"][:5]))
-    if report["failed_before_fault"]:
-        notes.append(f"{report['failed_before_fault']} request(s) failed before the fault")
-    if after.get("holder") is None:
-        problems.append("no cohort holds the failover lock at the end")
-    active = [c for c, s in report["leaders_after"].items() if s == "active"]
-    if len(active) != 1:
-        problems.append(f"{len(active)} cohort leaders are active at the end (exactly one must serve): {active}")
-    elif after.get("holder") and after["holder"] != f"engine-{active[0]}":
-        problems.append(f"the lock holder {after['holder']} is not the active cohort {active[0]}")
-    parked = [c for c, s in report["leaders_after"].items() if s == "standby"]
-    if cohorts > 1 and not parked and not report["slots_dead"]:
-        problems.append("no shadow is parked at the end")
-    if spec.fences:
-        problems += fenced_problems(evidence, report)
-    elif not report["serving_resumed"]:
-        problems.append("serving did not resume: the last request of the load failed")
-    if report["slots_dead"]:
-        problems.append("slot(s) marked dead: " + ", ".join(f"cohort {d['cohort']}" for d in report["slots_dead"]))
-    if spec.expect_failure:
-        if report["detect_s"] is None:
-            problems.append("no failure was declared")
-        elif report["detect_reason"] not in spec.expect_reason:
-            problems.append(f"declared as {report['detect_reason']}, expected {' or '.join(spec.expect_reason)}")
-        if report["detect_s"] is not None and report["teardown_s"] is None:
-            problems.append("the failed generation is not reported gone on "
-                            + (", ".join(report["teardown_missing"]) or "every node"))
-    dead = {d["cohort"] for d in report["slots_dead"]}
-    unfilled = sorted({g["cohort"] for g in report["failed_generations"]} - {int(c) for c in report["relaunch_per_cohort"]}
-                      - dead)
-    if unfilled:
-        problems.append("the slot of cohort(s) " + ", ".join(map(str, unfilled)) + " was not refilled "
-                        "(no relaunch-complete after the failure)")
-    if spec.expect_promotion and report["promoted_cohort"] is None:
-        problems.append("no other cohort was promoted")
-    if spec.zero_failed and report["failed_before_promotion"] + report["failed_after_promotion"]:
-        problems.append(f"{report['failed_before_promotion'] + report['failed_after_promotion']} request(s) "
-                        "failed: this fault must not interrupt serving")
-    if name == "kill-standby" and before.get("holder") != after.get("holder"):
-        problems.append(f"the serving cohort changed ({before.get('holder')} -> {after.get('holder')})")
-    if name == "kill-agent":
-        host = evidence["fault"].get("host")
-        if host not in report["agents_restarted"]:
-            problems.append(f"the agent on {host} was not restarted")
-        elif host not in report["agent_adopted"]:
-            problems.append(f"the restarted agent on {host} wrote no agent-started event")
-        else:
-            adopted = {str(c): int(p) for c, p in (report["agent_adopted"][host] or {}).items()}
-            running = {str(c): int(u.get("main_pid") or 0)
-                       for c, u in ((before.get("processes") or {}).get(host) or {}).items() if u.get("main_pid")}
-            if adopted != running:
-                problems.append(f"the restarted agent on {host} adopted {adopted}, but the ranks running were {running}")
-        if report["ranks_restarted"]:
-            problems.append(f"{len(report['ranks_restarted'])} engine process(es) were restarted; the new agent "
-                            "must adopt the running ranks")
-        if report["failed_generations"]:
-            problems.append("a generation was declared failed although every rank ran")
-    if name == "kill-gms":
-        host = evidence["fault"].get("host")
-        if host not in report["gms_restarted"]:
-            problems.append(f"the GMS server on {host} was not restarted")
-        if report["gms_resident"].get(host) is False:
-            problems.append(f"the weights are not resident again in {host}'s GMS server: a shadow relaunched there "
-                            "cannot import them (no writer republished)")
-        writer_served = before.get("holder") == "engine-0"
-        failed = report["failed_before_promotion"] + report["failed_after_promotion"]
-        if failed and not writer_served:
-            problems.append(f"{failed} request(s) failed although the writer cohort was parked")
-        elif failed:
-            notes.append(f"{failed} request(s) failed during the agent's planned failover away from the writer "
-                         "cohort 0 (it relaunches to republish the weights)")
-        if report["failed_generations"]:
-            notes.append("the agent relaunched the writer cohort to republish the weights: "
-                         + ", ".join(f"cohort {g['cohort']} gen {g['generation']} ({g['reason']})"
-                                     for g in report["failed_generations"]))
-        else:
-            notes.append("the agent did not relaunch anything")
-    if name == "cut-node":
-        gens = report["failed_generations"]
-        notes.append(f"{len(gens)} generation(s) declared failed: "
-                     + (", ".join(f"cohort {g['cohort']} ({g['reason']} by {g['by']})" for g in gens) or "none"))
-        failed = report["failed_before_promotion"] + report["failed_after_promotion"]
-        notes.append(f"{failed} request(s) failed; serving {'resumed' if report['serving_resumed'] else 'DID NOT resume'}"
-                     + (f" at +{report['first_ok_s']} s" if report["first_ok_s"] is not None and failed else ""))
-    return problems, notes
-
-
-def fenced_problems(evidence: Evidence, report: dict[str, Any]) -> list[str]:
-    """A GPU out of service: its node's agent fenced it, every cohort was declared failed and held (nothing can
-    serve without that node), the driver said loudly that serving needs other hardware, and after the drill's
-    unfence (its restore) every slot was relaunched and the deployment served again."""
-    host = evidence["fault"].get("host")
-    events = evidence.get("events") or []
-    t0 = fault_time(evidence)
-    seen = {(e["event"], e.get("node")) for e in events if e["time"] >= t0}
-    problems = []
-    if ("node-fenced", host) not in seen:
-        problems.append(f"{host} was not fenced (no node-fenced event)")
-    if not any(name == "serving-needs-hardware" for name, _node in seen):
-        problems.append("the driver did not say that serving needs other hardware (serving-needs-hardware)")
-    cohorts = int(evidence.get("cohorts") or 1)
-    declared = {g["cohort"] for g in report["failed_generations"]}
-    if len(declared) < cohorts:
-        problems.append(f"only cohort(s) {sorted(declared)} were declared failed; a GPU out of service on {host} "
-                        f"takes all {cohorts}")
-    unfenced = min((e["time"] for e in events if e["event"] == "unfenced" and e["time"] >= t0), default=float("inf"))
-    early = [e for e in events if e["event"] == "promoted" and t0 <= e["time"] < unfenced]
-    if early:
-        problems.append(f"cohort {early[0].get('cohort')} was promoted while {host} was fenced")
-    if not (evidence.get("restored") or {}).get("steady_after_unfence"):
-        problems.append("the deployment did not serve again after the drill unfenced the node")
-    return problems
-
-
-def timeline(evidence: Evidence, report: dict[str, Any], events: list[dict[str, Any]], t0: float
-             ) -> list[dict[str, Any]]:
-    """The rows of the timeline: {t, node, what, kind}; kind is fault, detect, teardown, promote, relaunch,
-    request or info (the SVG colours by it)."""
-    fault = evidence["fault"]
-    rows = [{"t": 0.0, "node": fault.get("host") or "", "what": f"FAULT {fault['name']}: {fault.get('action', '')}",
-             "kind": "fault"}]
-    cut = fault.get("cut") or {}
-    if cut.get("up"):
-        rows.append({"t": _rel(cut["up"], t0), "node": fault.get("host") or "", "what": "link up again",
-                     "kind": "fault"})
-    for host, t in report["agents_restarted"].items():
-        if t is not None:
-            rows.append({"t": t, "node": host, "what": "agent process started again (systemd)", "kind": "info"})
-    for host, t in report["gms_restarted"].items():
-        if t is not None:
-            rows.append({"t": t, "node": host, "what": "GMS server started again (systemd)", "kind": "info"})
-    kinds = {"rank-exited": "detect", "failure-declared": "detect", "fenced": "teardown",
-             "ranks-gone": "teardown", "ranks-not-gone": "problem", "generation-gone": "teardown",
-             "promoted": "promote", "lock-acquired": "promote", "promotion-unverified": "problem",
-             "relaunch-complete": "relaunch", "rank-launched": "relaunch",
-             "relaunch-scheduled": "relaunch", "slot-dead": "problem", "launch-failed": "problem"}
-    for e in events:
-        text = TIMELINE_EVENTS.get(e["event"])
-        if text is None:
-            continue
-        detail = dict(e.get("detail") or {})
-        detail.setdefault("cohort", e.get("cohort"))
-        try:
-            what = text.format(**detail)
-        except (KeyError, IndexError, ValueError):
-            what = e["event"]
-        if e["event"] == "promoted" and not detail.get("previous"):
-            what = f"cohort {e['cohort']} serving (verified by the driver at its start)"
-            kind = "info"
-        else:
-            kind = kinds.get(e["event"], "info")
-        if e.get("cohort") is not None and e["event"] != "promoted":
-            what = f"cohort {e['cohort']} gen {e['generation']}: {what}"
-        rows.append({"t": _rel(e["time"], t0), "node": e["node"], "what": what, "kind": kind})
-    if report["first_failed_s"] is not None:
-        rows.append({"t": report["first_failed_s"], "node": "client", "what": "first failed request sent",
-                     "kind": "request"})
-    if report["last_failed_s"] is not None:
-        rows.append({"t": report["last_failed_s"], "node": "client", "what": "last failed request answered",
-                     "kind": "request"})
-    if report["first_ok_s"] is not None:
-        rows.append({"t": report["first_ok_s"], "node": "client", "what": "first successful request after the fault",
-                     "kind": "request"})
-    if report.get("active_s") is not None:
-        rows.append({"t": report["active_s"], "node": "engine",
-                     "what": f"cohort {report['promoted_cohort']} leader active (its failover metrics)",
-                     "kind": "promote"})
-    return sorted(rows, key=lambda r: r["t"])
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f} s"
-
-
-def _culprit_text(culprit: dict[str, Any]) -> str:
-    where = f"{culprit['node']} rank {culprit['rank']}" if culprit.get("node") else "?"
-    gpu = f", GPU {culprit['gpu']} Xid {culprit['xid']}" if culprit.get("gpu") else ""
-    return f"{culprit['signal']} on {where}{gpu}: {culprit.get('evidence') or ''}"
-
-
-def summary_lines(report: dict[str, Any]) -> list[str]:
-    """The figures, one line each, for people."""
-    teardown = ", ".join(f"{h} {t:.3f}" for h, t in sorted(report["teardown_per_node"].items()))
-    req = report["requests"]
-    errors = ", ".join(f"{n}x {k}" for k, n in sorted(report["requests"]["errors"].items()))
-    lines = [
-        f"detect            {_fmt(report['detect_s'])}"
-        + (f"  ({report['detect_reason']}, by {report['detected_by']})" if report["detect_reason"] else ""),
-        *([f"culprit           {_culprit_text(report['culprit'])}"] if report.get("culprit") else []),
-        f"all ranks gone    {_fmt(report['teardown_s'])}" + (f"  ({teardown})" if teardown else ""),
-        f"lock taken        {_fmt(report.get('lock_s'))}",
-        f"promotion         {_fmt(report['promote_s'])}"
-        + (f"  (cohort {report['promoted_cohort']}"
-           + (f", active at {report['active_s']:.3f} s" if report["active_s"] is not None else "")
-           + "; verified: registered, served a completion)" if report["promoted_cohort"] is not None else ""),
-        f"first ok request  {_fmt(report['first_ok_s'])}",
-        f"failed requests   {report['failed_before_promotion']} before promotion, "
-        f"{report['failed_after_promotion']} after" + (f"  ({errors})" if errors else "")
-        + f"; {req['sent']} sent, {req['ok']} ok"
-        + (f"; through the OpenAI SDK: {req['failed_sdk']} failed after its retries" if req.get("client") == "openai"
-           else ""),
-        f"relaunch complete {_fmt(report['relaunch_s'])}",
-        f"orphans           {len(report['orphans'])}",
-    ]
-    if report["fault"] == "kill-agent":
-        restarted = ", ".join(f"{h} at {_fmt(t)}" for h, t in report["agents_restarted"].items()) or "none"
-        adopted = "; ".join(f"{h}: {len(a or {})} rank(s)" for h, a in report["agent_adopted"].items()) or "-"
-        lines.append(f"agent restarted   {restarted}; adopted {adopted}; "
-                     f"engine processes restarted: {len(report['ranks_restarted'] or [])}")
-    if report["fault"] == "kill-gms":
-        restarted = ", ".join(f"{h} at {_fmt(t)}" for h, t in report["gms_restarted"].items()) or "none"
-        resident = ", ".join(f"{h} {'yes' if r else 'NO' if r is False else '?'}"
-                             for h, r in report["gms_resident"].items())
-        lines.append(f"GMS restarted     {restarted}; weights resident: {resident}")
-    if report.get("cut"):
-        lines.append(f"link down         {_fmt(report['cut'].get('down'))} .. up {_fmt(report['cut'].get('up'))}")
-    return lines
-
-
-def _compress_launches(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per generation for its ranks launched on every node (the per-node rows stay in the timeline)."""
-    launches: dict[str, list[dict[str, Any]]] = {}
-    out = []
-    for row in rows:
-        if "rank launched" in row["what"] and ": " in row["what"]:
-            launches.setdefault(row["what"].split(": ", 1)[0], []).append(row)
-        else:
-            out.append(row)
-    for prefix, group in launches.items():
-        first, last = group[0]["t"], group[-1]["t"]
-        span = f"+{first:.3f}" if len(group) == 1 else f"+{first:.3f} .. +{last:.3f}"
-        out.append({"t": last, "node": group[0]["node"] if len(group) == 1 else "all",
-                    "what": f"{prefix}: ranks launched on {len(group)} node(s) ({span})", "kind": "relaunch"})
-    return sorted(out, key=lambda r: r["t"])
-
-
-def render_timeline_table(report: dict[str, Any], max_rows: int = 40) -> list[str]:
-    """The timeline table and the figures: what ``drill.yml`` prints."""
-    target = report["target"]
-    where = target.get("host") or "?"
-    if target.get("cohort") is not None:
-        where += f", cohort {target['cohort']}"
-    lines = [f"drill {report['fault']} on {where}: serving {report['serving_before']} -> {report['serving_after']}",
-             "      t  node    what"]
-    rows = _compress_launches(report["timeline"])
-    if len(rows) > max_rows:
-        keep = [r for r in rows if r["kind"] in ("fault", "detect", "promote", "problem", "request")]
-        rest = [r for r in rows if r not in keep][: max(0, max_rows - len(keep))]
-        rows = sorted(keep + rest, key=lambda r: r["t"])
-    for row in rows:
-        lines.append(f"{row['t']:+7.3f}  {row['node'][:6]:<6}  {row['what']}")
-    lines.append("")
-    lines += summary_lines(report)
-    for note in report["notes"]:
-        lines.append(f"note: {note}")
-    for problem in report["problems"]:
-        lines.append(f"PROBLEM: {problem}")
-    lines.append("result: " + ("PASS" if report["passed"] else f"FAIL ({len(report['problems'])} problem(s))"))
-    return lines

@@ -1,5 +1,5 @@
 """The drill reports ``shadowline history --reports PATH`` lists: the JSON files ``playbooks/drill.yml`` writes with
-``-e drill_report=PATH``, checked by the report code's own table (report.py), one line of key figures each."""
+``-e drill_report=PATH``, checked by the report code's own table (report_text.py), one line of key figures each."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cluster.history import HistoryError, stamp
-from .report import render_timeline_table
+from .report_text import render_timeline_table
 
 REPORT_KEYS = ("fault", "target", "timeline", "passed")  # what every drill report has (report.py)
 
@@ -27,7 +27,7 @@ def report_files(path: Path) -> list[Path]:
 
 
 def read_report(path: Path) -> dict[str, Any] | None:
-    """A drill report, checked by the report code's own table (drill/report.py); None for a JSON file that is not
+    """A drill report, checked by the report code's own table (drill/report_text.py); None for a JSON file that is not
     one (an evidence file, anything else), an error for a file that cannot be read or is not JSON."""
     try:
         report = json.loads(path.read_text(encoding="utf-8"))

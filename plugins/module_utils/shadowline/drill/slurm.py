@@ -26,6 +26,11 @@ and reports (seconds from the fault; every figure measured, none estimated):
   beyond the new primary's;
 - ``relaunch_s``: until the failed cohort's slot held a fresh shadow again, parked (``standby``);
   ``relaunch_started_s``: until the supervisor launched it.
+
+The faults are the drills' one vocabulary (drill/faults.py, ``SLURM_FAULTS``), the load is the drills' one load
+client (drill/load.py), and the request figures are the one computation of both paths (drill/outage.py); what
+differs is how the inputs are gathered: the fault task's report of every node, the cohort leaders' own failover
+state, the supervisor's events.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import os
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..cluster import discovery
@@ -43,16 +49,10 @@ from ..cluster.cohort_state import leader_view
 from ..common.etcd_client import EtcdError
 from ..common.events import read_events
 from ..deployment.plan import Plan
+from .faults import SLURM_FAULTS as FAULTS
 from .faults import DrillError
-from .slurm_load import Load
-
-FAULTS = {
-    "kill-worker": ("kill", "last"),
-    "kill-leader": ("kill", "first"),
-    "hang-leader": ("stop", "first"),
-    "hang-worker": ("stop", "last"),
-    "scancel-step": ("none", "first"),
-}
+from .load import Load
+from .outage import outage, rel
 
 
 def job_dir_of(job_id: str) -> str:
@@ -122,13 +122,13 @@ class Watcher(threading.Thread):
 def inject(job: dict[str, Any], step_id: str, fault: str, at: float, python: str,
            timeout: float) -> list[dict[str, Any]]:
     """Run the fault task on every node of the job (srun --jobid --overlap); one report per node."""
-    action, where = FAULTS[fault]
+    spec = FAULTS[fault]
     nodes = job["nodes"]
-    target = nodes[0] if where == "first" or len(nodes) == 1 else nodes[-1]
+    target = nodes[0] if spec.node == "leader" or len(nodes) == 1 else nodes[-1]
     rank = 0 if target is nodes[0] else len(nodes) - 1
     argv = ["srun", f"--jobid={job['job_id']}", "--overlap", f"--nodes={len(nodes)}", "--ntasks-per-node=1",
             "--job-name=drill", "--label", python, "-m", "shadowline.drill.slurm_fault", "--step", step_id,
-            "--target-node", target["name"], "--rank", str(rank), "--fault", action, "--at", f"{at:.3f}",
+            "--target-node", target["name"], "--rank", str(rank), "--fault", spec.slurm, "--at", f"{at:.3f}",
             "--timeout", f"{timeout:g}"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if fault == "scancel-step":
@@ -143,6 +143,23 @@ def inject(job: dict[str, Any], step_id: str, fault: str, at: float, python: str
     if len(reports) != len(nodes):
         raise DrillError(f"the fault task did not report from every node: {out[-2000:]}")
     return reports
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What a Slurm drill gathered, the inputs of its report."""
+    fault: str
+    job_id: str
+    failed_cohort: int
+    step_id: str
+    fault_at: float  # when the fault task hit (unix time)
+    nodes: list[dict[str, Any]]  # the fault task's report of every node (drill/slurm_fault.py)
+    promoted: tuple[int, float] | None  # (the cohort, when its leader entered active)
+    parked: float | None  # when the failed slot's fresh shadow entered standby
+    requests: list[dict[str, Any]]  # the load's records (common.frontend.Request.to_dict)
+    events: list[dict[str, Any]]  # the supervisor's events since the fault
+    shadows: list[int]  # the cohorts parked before the fault
+    registrations: list[dict[str, Any]]  # discovery registrations beyond the new primary's (or why not checked)
 
 
 def drill(job_dir: str, fault: str, rate: float = 20.0, timeout: float = 60.0, settle: float = 1.0) -> dict[str, Any]:
@@ -174,7 +191,10 @@ def drill(job_dir: str, fault: str, rate: float = 20.0, timeout: float = 60.0, s
     requests = load.stop()
     events = supervisor_events(os.path.join(job_dir, "events.jsonl"), fault_at - 0.5,
                                max(deadline, time.monotonic() + 10.0))
-    return report(fault, job, plan, failed, step_id, fault_at, reports, watcher, requests, events, shadows)
+    return report(Observed(fault=fault, job_id=job["job_id"], failed_cohort=failed, step_id=step_id,
+                           fault_at=fault_at, nodes=reports, promoted=watcher.promoted, parked=watcher.parked,
+                           requests=[r.to_dict() for r in requests], events=events, shadows=shadows,
+                           registrations=extra_registrations(plan)))
 
 
 def supervisor_events(path: str, since: float, deadline: float) -> list[dict[str, Any]]:
@@ -188,52 +208,60 @@ def supervisor_events(path: str, since: float, deadline: float) -> list[dict[str
         time.sleep(0.1)
 
 
-def report(fault: str, job: dict[str, Any], plan: Plan, failed: int, step_id: str, fault_at: float, reports: list[dict[str, Any]],  # noqa: PLR0913 (over the size limits of pyproject.toml; split it when it changes next)
-           watcher: Watcher, requests: list[Any], events: list[dict[str, Any]], shadows: list[int]) -> dict[str, Any]:
-    def since(t: float | None) -> float | None:
-        return round(t - fault_at, 3) if t is not None else None
-
-    target_node = next((r["node"] for r in reports if r.get("target")), None)
-    gone = [r["all_gone"] for r in reports]
-    teardown = max(gone) if all(gone) else None
-    if fault.startswith("hang"):
-        detections = [e["detail"].get("detected") or e["time"] for e in events
-                      if e["event"] in ("watchdog-hang-detected",) and e["detail"].get("step_id") == step_id]
-        detected = min(detections) if detections else None
-    elif fault == "scancel-step":
-        detected = fault_at
-    else:
-        others = [r["first_gone"] for r in reports if r["node"] != target_node and r["first_gone"]]
-        detected = min(others) if others else (teardown if len(reports) == 1 else None)
-    promoted = watcher.promoted[1] if watcher.promoted else None
-    after_fault = [r for r in requests if r.ended > fault_at]  # in flight at the fault, or sent after it
-    failed_requests = [r for r in after_fault if not r.ok]
-    first_failed = min((r.sent for r in failed_requests), default=fault_at)
-    first_ok = min((r.ended for r in after_fault if r.ok and r.sent >= first_failed), default=None)
-    relaunched = next((e["time"] for e in events if e["event"] == "relaunched" and e["cohort"] == failed), None)
-    orphans: list[Any] = [{"node": r["node"], **left} for r in reports for left in r["left"]]
+def extra_registrations(plan: Plan) -> list[dict[str, Any]]:
+    """Discovery registrations of the model beyond the new primary's: orphans (or why they were not checked)."""
     try:
         regs = [r for r in discovery.registrations(etcd_for(plan, timeout=2.0))
                 if r.model_name in (None, plan.model_id)]
-        if len(regs) > 1:
-            orphans += [{"registration": r.instance_id, "address": r.request_address} for r in regs[1:]]
     except EtcdError as err:
-        orphans.append({"discovery": f"not checked: {err}"})
+        return [{"discovery": f"not checked: {err}"}]
+    return [{"registration": r.instance_id, "address": r.request_address} for r in regs[1:]]
+
+
+def detected_at(o: Observed, target_node: str | None, teardown: float | None) -> float | None:
+    """When the system reacted: the watchdog's detection of a hang, Slurm's first kill of a surviving process
+    of the step after a kill, the fault itself for a step the drill cancelled."""
+    action = FAULTS[o.fault].slurm
+    if action == "stop":
+        detections = [e["detail"].get("detected") or e["time"] for e in o.events
+                      if e["event"] in ("watchdog-hang-detected",) and e["detail"].get("step_id") == o.step_id]
+        return min(detections) if detections else None
+    if action == "none":
+        return o.fault_at
+    others = [r["first_gone"] for r in o.nodes if r["node"] != target_node and r["first_gone"]]
+    return min(others) if others else (teardown if len(o.nodes) == 1 else None)
+
+
+def report(o: Observed) -> dict[str, Any]:
+    """The Slurm drill's report (module docstring): the request figures are drill/outage.py's, as the agents'
+    drill report's."""
+    def since(t: float | None) -> float | None:
+        return rel(t, o.fault_at)
+
+    target_node = next((r["node"] for r in o.nodes if r.get("target")), None)
+    gone = [r["all_gone"] for r in o.nodes]
+    teardown = max(gone) if all(gone) else None
+    detected = detected_at(o, target_node, teardown)
+    promoted = o.promoted[1] if o.promoted else None
+    seen = outage(o.requests, o.fault_at)
+    before, after = seen.split(promoted)
+    relaunched = next((e["time"] for e in o.events if e["event"] == "relaunched" and e["cohort"] == o.failed_cohort),
+                      None)
+    orphans: list[Any] = [{"node": r["node"], **left} for r in o.nodes for left in r["left"]]
     return {
-        "fault": fault, "job_id": job["job_id"], "failed_cohort": failed, "failed_step": step_id,
-        "target_node": target_node, "shadows_parked": shadows,
-        "promoted_cohort": watcher.promoted[0] if watcher.promoted else None,
-        "fault_at": round(fault_at, 3),
+        "fault": o.fault, "job_id": o.job_id, "failed_cohort": o.failed_cohort, "failed_step": o.step_id,
+        "target_node": target_node, "shadows_parked": o.shadows,
+        "promoted_cohort": o.promoted[0] if o.promoted else None,
+        "fault_at": round(o.fault_at, 3),
         "detect_s": since(detected), "teardown_s": since(teardown), "promote_s": since(promoted),
-        "first_ok_s": since(first_ok),
-        "failed_before_promotion": sum(1 for r in failed_requests if promoted is None or r.sent < promoted),
-        "failed_after_promotion": sum(1 for r in failed_requests if promoted is not None and r.sent >= promoted),
-        "requests_after_fault": len(after_fault), "requests": len(requests),
-        "failures": [{"sent_s": since(r.sent), "ended_s": since(r.ended), "status": r.status, "error": r.error[:120]}
-                     for r in failed_requests[:30]],
-        "orphans": orphans,
-        "relaunch_started_s": since(relaunched), "relaunch_s": since(watcher.parked),
-        "nodes": reports,
+        "first_ok_s": since(seen.first_ok["end"]) if seen.first_ok else None,
+        "failed_before_promotion": before, "failed_after_promotion": after,
+        "requests_after_fault": len(seen.after_fault), "requests": len(o.requests),
+        "failures": [{"sent_s": since(r["start"]), "ended_s": since(r["end"]), "status": r["status"],
+                      "error": r["error"][:120]} for r in seen.failed[:30]],
+        "orphans": orphans + o.registrations,
+        "relaunch_started_s": since(relaunched), "relaunch_s": since(o.parked),
+        "nodes": o.nodes,
         "events": [{**{k: e[k] for k in ("time", "node", "cohort", "generation", "event")}, "detail": e["detail"]}
-                   for e in events],
+                   for e in o.events],
     }
