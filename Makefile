@@ -10,7 +10,7 @@ NODES ?= 3
 INVENTORY ?= inventories/local
 
 .PHONY: help setup runtime demo test lint build preflight testbed-up testbed-down deploy status teardown clean \
-	drill bench-failover bench-client ee-context sanity verify-engine-args standin-image gpu-proof
+	drill bench-failover bench-client bench-fleet-scale ee-context sanity verify-engine-args standin-image gpu-proof
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 22
@@ -61,6 +61,9 @@ bench-failover: runtime ## failover figures at 1, 2, 4, 8 testbed hosts (TRIALS=
 
 bench-client: runtime ## NVIDIA's aiperf through a kill-leader and without, side by side (2 testbed hosts, instance 6; installs .aiperf once)
 	$(BIN)/python scripts/bench-client
+
+bench-fleet-scale: setup ## etcd's load and one failure's work at 16-1024 simulated agents, today's keys against the fleet's (SIZES=16,64)
+	$(BIN)/python scripts/bench-fleet-scale $(if $(SIZES),--sizes $(SIZES))
 
 standin-image: runtime ## the stand-in's runtime as a local OCI archive (build/standin-runtime.tar) for python_env_mode container
 	$(BIN)/python scripts/build-standin-image
