@@ -98,8 +98,11 @@ def test_the_report_prints_the_table_the_ratios_and_the_growth():
 
 
 def test_a_report_of_one_layout_or_one_size_has_no_ratios_or_growth():
-    text = bench.report([result(16, "fleet", 50.0, [], [])])
+    alone = result(16, "fleet", 50.0, [], [])
+    alone.notes.append("failure 1: replica 0: 1 of 2 nodes acted in 120 s")
+    text = bench.report([alone])
     assert "fleet / anchor" not in text and "growth" not in text
+    assert "  16 nodes, replicas of 2, fleet: failure 1: replica 0: 1 of 2 nodes acted in 120 s" in text.splitlines()
     assert text.splitlines()[2].split()[-5:] == ["-", "-", "-", "-", "-"]
 
 
