@@ -38,7 +38,7 @@ class Start:
     """A unit start this agent began, until systemd shows the rank running (or failed)."""
     generation: int
     since: float  # monotonic
-    # set once systemd was asked for the start job (executor.launch asks in a thread); None: asked already
+    # set once systemd was asked for the start job (NodeEffects.launch (control/node_effects.py) asks in a thread); None: asked already
     requested: threading.Event | None = None
     looked_at: float = float("-inf")  # monotonic: the last look at its unit answered (node_duties.judge_starts)
     refused: str = ""  # why the start was not asked for: the unit's configuration is not the generation's
