@@ -1,15 +1,19 @@
 """The library's shape, enforced: one home per concern (docs/architecture.md).
 
 - production code never leans on test tooling or the fake: no module outside ``drill/`` and ``standin/`` imports
-  from either (but the stand-in backend's own strategy, ``backends/standin.py``, may ask the stand-in, and the
-  operator's command line, ``cli.py``, offers the drill report as one of its subcommands); nor does any reach
+  from either (but the stand-in backend's own strategy, ``backends/standin.py``, may ask the stand-in; the
+  operator's command line runs the drill report as its own program, ``python -m shadowline.drill.report_tool``);
+  nor does any reach
   either through the library's own imports, nor any Ansible plugin but the drills' own (the stand-in backend is
   the one door: test_production_code_does_not_reach_drills_or_the_stand_in);
 - the plan is typed past its one boundary: no ``plan["..."]`` read and no ``Plan = dict`` outside
   ``deployment/plan.py``;
 - backend differences live in ``backends/``: no comparison with a backend's name anywhere else;
 - the plan's type is apart from its builder: importing ``deployment/plan.py`` loads neither the contract's
-  parsing, the PKI nor the container policy (``deployment/plan_builder.py`` builds a Plan from a Contract).
+  parsing, the PKI nor the container policy (``deployment/plan_builder.py`` builds a Plan from a Contract);
+- the rooms stand on each other (ROOMS: what each may import; common/ the ground floor imports none), no two rooms
+  import each other, no class has more than 30 methods and no module more than 600 lines without a reason; each
+  rule is also run on a planted violation.
 """
 
 from __future__ import annotations
@@ -65,8 +69,6 @@ def test_production_code_does_not_import_drills_or_the_stand_in(path: Path):
     leaning = imported_packages(path) & {"drill", "standin"}
     if path == LIB / "backends" / "standin.py":
         leaning -= {"standin"}
-    if path == LIB / "cli.py":
-        leaning -= {"drill"}
     assert not leaning, f"{path.relative_to(ROOT)} imports from {sorted(leaning)}: move what it needs into its home"
 
 
@@ -188,10 +190,9 @@ def reached(start: Path) -> dict[str, str]:
 
 
 def production_entry_points() -> list[Path]:
-    """Every library module outside ``drill/`` and ``standin/`` but the operator's command line (``cli.py``, whose
-    drill report subcommand is the direct rule's other exception), and every Ansible module, action and filter
-    plugin but the drills' own (drill_*, fault_inject)."""
-    points = [p for p in library_files() if package_of(p) not in ("drill", "standin") and p != LIB / "cli.py"]
+    """Every library module outside ``drill/`` and ``standin/`` (the operator's command line included), and every
+    Ansible module, action and filter plugin but the drills' own (drill_*, fault_inject)."""
+    points = [p for p in library_files() if package_of(p) not in ("drill", "standin")]
     for kind in ("modules", "action", "filter"):
         points += sorted(p for p in (ROOT / "plugins" / kind).glob("*.py") if p.stem not in DRILL_PLUGINS)
     return points
@@ -200,7 +201,7 @@ def production_entry_points() -> list[Path]:
 @pytest.mark.parametrize("path", production_entry_points(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_production_code_does_not_reach_drills_or_the_stand_in(path: Path):
     """The direct rule above, followed through the library's own imports: from each production module (the agent's
-    ``control/``, ``deployment/``, ``slurm/``, ``backends/``, ``model/``; ``cli.py`` aside) and each Ansible plugin
+    ``control/``, ``deployment/``, ``slurm/``, ``backends/``, ``model/``, ``cluster/``, ``common/``, ``cli.py``) and each Ansible plugin
     (the drills' own aside), the walk follows every import statement of ``shadowline`` (at the top of a module or
     inside a function, with the packages each one loads) and must reach nothing under ``drill/`` or ``standin/``.
 
@@ -219,3 +220,124 @@ def test_production_code_does_not_reach_drills_or_the_stand_in(path: Path):
         chains.append(" <- ".join(chain))
     assert not leaks, (f"{path.relative_to(ROOT)} reaches test tooling or the fake: {'; '.join(chains)}: move what "
                        "it needs into its home, or let the backend strategy supply it")
+
+
+# -- rooms: what may import what ---------------------------------------------------------------------------------- #
+
+# Each room of the library and the rooms it may import (docs/architecture.md draws them). common/ is the ground floor:
+# it imports no other room. The top-level modules (cli.py, gpu_proof.py, ...) sit above every room.
+ROOMS: dict[str, frozenset[str]] = {
+    "common": frozenset(),
+    "model": frozenset({"common"}),
+    "backends": frozenset({"common", "standin"}),  # standin: only backends/standin.py, the door (tested above)
+    "deployment": frozenset({"common", "model", "backends"}),
+    "cluster": frozenset({"common", "deployment", "backends"}),
+    "control": frozenset({"common", "cluster", "deployment", "model", "backends"}),
+    "slurm": frozenset({"common", "cluster", "deployment", "model", "backends"}),
+    "standin": frozenset({"common"}),
+    "drill": frozenset({"common", "cluster", "control", "deployment", "model", "backends", "standin"}),
+}
+MAX_METHODS = 30
+MAX_LINES = 600
+WIDE_REASON = "Wide on purpose:"  # a module over MAX_LINES says why in its docstring, after these words
+
+
+def room(module: str) -> str:
+    """The room of a dotted module name under shadowline: its package, or "" for a top-level module."""
+    head = module.split(".")[0]
+    return head if head in ROOMS else ""
+
+
+def room_edges(imports: dict[str, frozenset[str]]) -> dict[tuple[str, str], list[str]]:
+    """(importing room, imported room) -> the module pairs that make the edge; top-level modules left out."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module, targets in imports.items():
+        for target in targets:
+            a, b = room(module), room(target)
+            if a and b and a != b:
+                edges.setdefault((a, b), []).append(f"{module} -> {target}")
+    return edges
+
+
+def layering_problems(edges: dict[tuple[str, str], list[str]]) -> list[str]:
+    return [f"{a}/ imports {b}/ ({', '.join(sorted(pairs)[:3])}): {a}/ may import only "
+            f"{', '.join(sorted(ROOMS[a])) or 'nothing but the standard library'}"
+            for (a, b), pairs in sorted(edges.items()) if b not in ROOMS[a]]
+
+
+def cycle_problems(edges: dict[tuple[str, str], list[str]]) -> list[str]:
+    return [f"{a}/ and {b}/ import each other ({edges[(a, b)][0]}; {edges[(b, a)][0]})"
+            for (a, b) in sorted(edges) if a < b and (b, a) in edges]
+
+
+def library_imports() -> dict[str, frozenset[str]]:
+    return {dotted(p): imported_modules(p) for p in library_files()}
+
+
+def test_each_room_imports_only_the_rooms_below_it():
+    problems = layering_problems(room_edges(library_imports()))
+    assert not problems, "; ".join(problems)
+
+
+def test_no_two_rooms_import_each_other():
+    problems = cycle_problems(room_edges(library_imports()))
+    assert not problems, "; ".join(problems)
+
+
+def test_every_room_is_declared():
+    packages = {p.name for p in LIB.iterdir() if (p / "__init__.py").is_file()}
+    assert packages == set(ROOMS), f"rooms without a rule: {sorted(packages - set(ROOMS))}; gone: {sorted(set(ROOMS) - packages)}"
+
+
+def test_a_planted_upward_import_and_a_planted_cycle_are_caught():
+    planted = {"common.http": frozenset({"control.agent"}), "control.agent": frozenset({"common.http"}),
+               "cluster.access": frozenset({"deployment.plan"}), "deployment.plan": frozenset({"cluster.access"})}
+    edges = room_edges(planted)
+    assert layering_problems(edges) == [
+        "common/ imports control/ (common.http -> control.agent): common/ may import only nothing but the standard library",
+        "deployment/ imports cluster/ (deployment.plan -> cluster.access): deployment/ may import only backends, common, model"]
+    assert cycle_problems(edges) == [
+        "cluster/ and deployment/ import each other (cluster.access -> deployment.plan; deployment.plan -> cluster.access)",
+        "common/ and control/ import each other (common.http -> control.agent; control.agent -> common.http)"]
+    assert not layering_problems(room_edges({"control.agent": frozenset({"common.http", "cluster.access"})}))
+
+
+def wide_classes(source: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            methods = sum(isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) for b in node.body)
+            if methods > MAX_METHODS:
+                found.append(f"{node.name} ({methods} methods)")
+    return found
+
+
+def too_wide(source: str) -> bool:
+    """Over MAX_LINES lines without a reason in its docstring."""
+    if len(source.splitlines()) <= MAX_LINES:
+        return False
+    doc = ast.get_docstring(ast.parse(source)) or ""
+    return WIDE_REASON not in doc
+
+
+@pytest.mark.parametrize("path", python_sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_class_has_more_than_30_methods(path: Path):
+    wide = wide_classes(path.read_text())
+    assert not wide, f"{path.relative_to(ROOT)}: {', '.join(wide)}: split it by concern"
+
+
+@pytest.mark.parametrize("path", python_sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_is_wider_than_600_lines_without_a_reason(path: Path):
+    assert not too_wide(path.read_text()), (
+        f"{path.relative_to(ROOT)} has {len(path.read_text().splitlines())} lines: split it, or say why not in its "
+        f"docstring after {WIDE_REASON!r}")
+
+
+def test_a_planted_wide_class_and_a_planted_wide_module_are_caught():
+    methods = "".join(f"    def m{i}(self):\n        pass\n" for i in range(MAX_METHODS + 1))
+    assert wide_classes(f"class Wide:\n{methods}") == [f"Wide ({MAX_METHODS + 1} methods)"]
+    assert not wide_classes("class Narrow:\n    def m(self):\n        pass\n")
+    body = "x = 1\n" * MAX_LINES
+    assert too_wide(f'"""A module."""\n{body}')
+    assert not too_wide(f'"""A module. {WIDE_REASON} one table."""\n{body}')
+    assert not too_wide('"""A module."""\nx = 1\n')
