@@ -15,12 +15,15 @@ from typing import Any
 import pytest
 
 from shadowline.deployment import units
+from shadowline.deployment.plan_builder import build_plan
 from shadowline.deployment.preflight import run_preflight
 from shadowline.slurm.render import ansible_inventory, deployment_values, read_with_ansible, render
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "inventories" / "examples"
 ANSIBLE_EXAMPLES = ["h100-2x8-tp16", "one-node-tp8", "three-infra"]
+# fleets (docs/fleet-design.md): rendered, never deployed, since preflight refuses more than one replica for now
+FLEET_EXAMPLES = ["fleet-2x2-tp16", "fleet-4x8-tp8"]
 H100_MIB = 81559.0
 
 
@@ -62,7 +65,8 @@ def preflight(name: str, facts: dict[str, Any] | None = None, wheels: list[str] 
 
 
 def test_every_example_is_tested():
-    assert sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir()) == sorted(ANSIBLE_EXAMPLES + ["slurm-pyxis"])
+    assert sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir()) == sorted(ANSIBLE_EXAMPLES + FLEET_EXAMPLES +
+                                                                             ["slurm-pyxis"])
 
 
 @pytest.mark.parametrize("name", ANSIBLE_EXAMPLES)
@@ -105,6 +109,31 @@ def test_the_shapes_are_the_ones_the_examples_promise():
     assert three.infra.etcd_endpoints.count("https://") == 3
 
 
+@pytest.mark.parametrize(("name", "replicas"), [("fleet-2x2-tp16", [["gpu01", "gpu02"], ["gpu03", "gpu04"]]),
+                                               ("fleet-4x8-tp8", [["gpu01"], ["gpu02"], ["gpu03"], ["gpu04"]])])
+def test_a_fleet_example_renders_but_preflight_refuses_to_deploy_it(name: str, replicas: list[list[str]]):
+    """A fleet passes every check of its nodes but one: this release deploys one replica per deployment. Its plan
+    (replica by replica) and every unit of every node render."""
+    result = preflight(name)
+    (problem,) = result.problems
+    assert problem.field == "gms_nodes" and "docs/fleet-design.md" in problem.message, problem
+    assert problem.message.startswith(f"forms {len(replicas)} replicas of {len(replicas[0])} node(s) each")
+    assert result.contract is not None and result.plan is None
+    plan = build_plan(result.contract)
+    assert [list(r.members) for r in plan.replicas] == replicas
+    for replica in plan.replicas:
+        leader = plan.node(replica.leader)
+        for cohort in replica.cohorts:
+            for rank in cohort.ranks:
+                argv = rank.process.argv
+                assert argv[argv.index("--tensor-parallel-size") + 1] == str(8 * len(replica.members))
+                assert ("--headless" in argv) == (rank.node_rank != 0) and rank.host in replica.members
+                if len(replica.members) > 1:
+                    assert argv[argv.index("--master-addr") + 1] == leader.address
+                assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=3" in units.engine_dropin(plan, rank.host, cohort.cohort)
+        assert all(units.agent_unit(plan, host) and units.gms_unit(plan, host) for host in replica.members)
+
+
 def test_the_memory_budget_refuses_the_example_on_smaller_gpus():
     """The same inventory on 8 A100 40GB: weights / 8 + KV + 3 engines do not fit, and preflight says so."""
     (problem,) = preflight("one-node-tp8", node_facts(mib=40960.0)).problems
@@ -129,6 +158,14 @@ def test_shadowline_plan_prints_the_example(name: str):
                           capture_output=True, text=True, check=False, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "gpu02 rank 1 (headless)" in proc.stdout and "--tensor-parallel-size 16" in proc.stdout
+
+
+def test_shadowline_plan_prints_a_fleet_example_replica_by_replica():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "show-plan"), str(EXAMPLES / "fleet-2x2-tp16")],
+                          capture_output=True, text=True, check=False, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "replica 1: gpu03, gpu04 (leader gpu03, master address 10.10.0.13)" in proc.stdout
+    assert "    gpu04 rank 1 (headless): " in proc.stdout and "--master-addr 10.10.0.13" in proc.stdout
 
 
 def test_a_wheelhouse_without_gms_is_named_before_anything_changes():

@@ -1,8 +1,10 @@
 """The inventory contract: the variables a user sets, their defaults, and their parsing into typed values.
 
-This is the one place that knows variable names and defaults. ``parse_contract`` takes each host's
-variables as Ansible sees them (hostvars) and returns a ``Contract`` plus every problem found; it never
-raises on bad input. The cohort plan (plan.py) is built (plan_builder.py) from a Contract only.
+This is the one place that knows variable names and defaults, with its parts in modules of their own: the nodes
+and their replicas (replicas.py), gms_engine (engine_contract.py), gms_model (model_contract.py), the container
+image (container.py). ``parse_contract`` takes each host's variables as Ansible sees them (hostvars) and returns
+a ``Contract`` plus every problem found; it never raises on bad input. The cohort plan (plan.py) is built
+(plan_builder.py) from a Contract only.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backends import NAMES as BACKENDS
 from ..common.problems import Problem
 from ..common.settings import (
     DEFAULT_FAILOVER,
@@ -26,34 +27,18 @@ from ..common.settings import (
     Node,
     Ports,
 )
-from ..common.values import SYSTEM_DIRECTORIES, Reader, as_bool, close_match, describe, suggest
-from ..model.errors import SpecError
-from ..model.spec import DEFAULT_FORMAT, FORMATS, MODEL_ID_RE, PINNED_RE, parse_source
-from .addresses import ADDRESS_FIX, address_problem
+from ..common.values import SYSTEM_DIRECTORIES, Reader, close_match, describe, suggest
+from .addresses import address_problem, address_source, host_address, same_address
 from .container import RUNTIME_MODE, parse_container
+from .engine_contract import DEFAULT_ENGINE as DEFAULT_ENGINE  # the contract's defaults and flags, read here
+from .engine_contract import MANAGED_FLAGS as MANAGED_FLAGS
+from .engine_contract import Engine, check_tensor_parallel, parse_engine
+from .model_contract import DEFAULT_MODEL as DEFAULT_MODEL
+from .model_contract import Model, check_model_policy, default_local_dir, parse_model
+from .replicas import NODE_VARIABLES, REPLICA_VARIABLES, Placement, arrange, default_nnodes, parse_placements
 
-SAFE_FORMATS = ["safetensors"]
-PICKLE_FORMATS = [f for f in FORMATS if f not in SAFE_FORMATS]
 DEPLOYMENT_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")
-REVISION_RE = PINNED_RE
 
-DEFAULT_MODEL: dict[str, Any] = {"id": None, "revision": None, "source": None, "local_dir": None, "format": DEFAULT_FORMAT}
-DEFAULT_ENGINE: dict[str, Any] = {
-    "backend": "dynamo_vllm",
-    "tensor_parallel_size": 1,
-    "nnodes": None,  # default: the number of hosts in gms_nodes
-    "gpus_per_node": 1,
-    "extra_args": [],
-    # engines' discovery lease (ETCD_LEASE_TTL), Dynamo's own default. Dynamo 1.6.1 ends an engine whose lease
-    # keep-alive has failed for this long (an etcd outage), so it is also how long an etcd outage every engine
-    # survives (less one keep-alive period); a dead engine's lease is revoked by the agents at once, not waited for.
-    "lease_ttl_s": 30,
-    # Engine environment variables the site needs (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, GLOO_SOCKET_IFNAME on multi-NIC
-    # nodes): rendered into every rank's unit and the Slurm job; never a secret (units and the plan are readable)
-    "env": {},
-    # CUDA graphs: false renders --enforce-eager, the one mode every GMS shadow build accepts (docs/gpu-cluster.md)
-    "cuda_graphs": False,
-}
 DEFAULT_MEMORY: dict[str, Any] = {
     "gpu_memory_gib": None,  # default: measured with nvidia-smi when present
     "weights_gib": None,  # default: the staged model's manifest when present
@@ -83,21 +68,6 @@ DEFAULT_SERVICE_USER = "shadowline"
 # the controller's directory of a deployment's CA, certificates and passwords (gms_secrets_dir), never in a checkout
 DEFAULT_SECRETS_DIR = "~/.shadowline/secrets/{deployment}"
 
-# Flags shadowline sets itself from the plan; a user who puts them in extra_args would fight the plan.
-MANAGED_FLAGS = {
-    "--model": "gms_model.local_dir", "--served-model-name": "gms_model.id", "--load-format": "(always gms)",
-    "--tensor-parallel-size": "gms_engine.tensor_parallel_size", "--nnodes": "gms_engine.nnodes",
-    "--node-rank": "gms_node_rank", "--master-addr": "gms_node_address of the leader node",
-    "--master-port": "gms_ports.master_base and gms_ports.master_stride", "--headless": "(set on ranks other than 0)",
-    "--distributed-executor-backend": "(always mp for several nodes)",
-    "--distributed-timeout-seconds": "gms_failover.collective_timeout_s",
-    "--enforce-eager": "gms_engine.cuda_graphs (false, the default, renders it)",
-}
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# names that say a secret: the engines' environment is written into unit files and the plan, which any local user
-# and every Ansible run may read (a token goes in a file: gms_model_hf_token_file)
-SECRET_NAME_RE = re.compile(r"TOKEN|PASSWORD|PASSWD|SECRET|CREDENTIAL|PRIVATE|ACCESS_KEY|API_KEY|(^|_)KEY$", re.I)
-ENV_VALUE_MAX = 4096
 
 # Every variable of the contract, so a misspelt one is reported instead of silently ignored.
 KNOWN_VARIABLES = [
@@ -106,37 +76,12 @@ KNOWN_VARIABLES = [
     "gms_model_allow_unpinned", "gms_model_allow_pickle", "gms_model_verify", "gms_model_hf_token_file",
     "gms_failover", "gms_slurm",
     "gms_monitoring", "gms_insecure", "gms_secrets_dir", "gms_secrets_rotate", "gms_firewall_allow", "gms_frontend_allow",
-    "gms_frontend_tls", "gms_binaries", "gms_container",
+    "gms_frontend_tls", "gms_binaries", "gms_container", *REPLICA_VARIABLES,
 ]
 # gms_frontend_tls (the modes: settings.py)
 FRONTEND_TLS_MODES = [FRONTEND_TLS_PLAIN, FRONTEND_TLS_ON, FRONTEND_TLS_MUTUAL]
 # Shared variables must be the same on every node of a deployment.
-SHARED_VARIABLES = [v for v in KNOWN_VARIABLES if v not in ("gms_node_rank", "gms_node_address")]
-
-
-@dataclass(frozen=True)
-class Model:
-    id: str
-    revision: str
-    source: str
-    local_dir: str
-    format: str
-
-    @property
-    def pinned(self) -> bool:
-        return bool(REVISION_RE.match(self.revision))
-
-
-@dataclass(frozen=True)
-class Engine:
-    backend: str
-    tensor_parallel_size: int
-    nnodes: int
-    gpus_per_node: int
-    extra_args: tuple[str, ...]
-    lease_ttl_s: int
-    env: tuple[tuple[str, str], ...] = ()  # gms_engine.env, sorted by name
-    cuda_graphs: bool = False
+SHARED_VARIABLES = [v for v in KNOWN_VARIABLES if v not in NODE_VARIABLES]
 
 
 @dataclass(frozen=True)
@@ -157,7 +102,7 @@ class Binaries:
 @dataclass(frozen=True)
 class Contract:
     deployment: str
-    nodes: tuple[Node, ...]  # sorted by rank; nodes[0] is the leader
+    nodes: tuple[Node, ...]  # fleet order: replica 0's nodes by rank, then replica 1's ...; rank in the replica
     infra_hosts: tuple[Node, ...]
     model: Model
     engine: Engine
@@ -184,7 +129,18 @@ class Contract:
     container: Container | None = None  # python_env_mode container: the image the GPU processes run from
 
     @property
+    def replicas(self) -> tuple[tuple[Node, ...], ...]:
+        """The replicas (engine groups of gms_engine.nnodes nodes each), their nodes in rank order; one for
+        today's deployments (deployment/replicas.py)."""
+        size = self.engine.nnodes
+        return tuple(self.nodes[i:i + size] for i in range(0, len(self.nodes), size))
+
+    @property
     def leader(self) -> Node:
+        """The leader node of the one replica; a fleet has one per replica (``replicas``), so none here."""
+        if len(self.nodes) > self.engine.nnodes:
+            raise ValueError(f"deployment {self.deployment} has {len(self.replicas)} replicas, each with its own "
+                             "leader node: use contract.replicas[q][0]")
         return self.nodes[0]
 
 
@@ -194,10 +150,6 @@ def default_socket_dir(deployment: str) -> str:
 
 def default_lock_path(socket_dir: str) -> str:
     return socket_dir.rstrip("/") + "/failover.lock"
-
-
-def default_local_dir(model_id: str, revision: str) -> str:
-    return f"/var/lib/shadowline/models/{model_id.replace('/', '--')}/{revision}"
 
 
 def effective_paths(deployment: Any, socket_dir: Any = None, lock_path: Any = None) -> tuple[str | None, str | None]:
@@ -264,7 +216,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
 
     _check_unknown_variables(hostvars, node_hosts, problems)
     shared = _shared_values(hostvars, node_hosts, problems)
-    nodes = _parse_nodes(hostvars, node_hosts, problems)
+    placements = parse_placements(hostvars, node_hosts, problems)
 
     deployment = read.string("gms_deployment", shared.get("gms_deployment"), "gms_deployment: llama-70b")
     if deployment is not None and not DEPLOYMENT_RE.match(deployment):
@@ -272,8 +224,9 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
                      "use a short lowercase name such as llama-70b; it becomes part of unit names and paths.")
         deployment = None
 
-    model = _parse_model(read, shared)
-    engine = _parse_engine(read, shared.get("gms_engine"), len(node_hosts))
+    model = parse_model(read, shared)
+    engine = parse_engine(read, shared.get("gms_engine"), default_nnodes(hostvars, node_hosts))
+    nodes, shape = _replicas(placements, engine, default_nnodes(hostvars, node_hosts))
     cohorts = read.integer("gms_cohorts", shared.get("gms_cohorts", DEFAULT_COHORTS), minimum=1, maximum=64, example=2)
     ports = _parse_ports(read, shared.get("gms_ports"))
     memory = _parse_memory(read, shared.get("gms_memory"))
@@ -307,7 +260,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         read.path("gms_model_hf_token_file", token_file, PATH_EXAMPLES["gms_model_hf_token_file"], home_ok=True)
 
     if model is not None:
-        _check_model_policy(read, model, allow_unpinned, allow_pickle)
+        check_model_policy(read, model, allow_unpinned, allow_pickle)
 
     infra = _parse_infra(read, hostvars, nodes, infra_hosts or [])
     _duplicate_addresses(hostvars, node_hosts, infra_hosts or [], problems)
@@ -323,8 +276,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
                      f"certificate does not name (it names {infra[0].host}'s address {infra[0].address}).",
                      "leave gms_frontend_bind unset, or set it to that address or 0.0.0.0.")
 
-    if engine is not None and nodes is not None:
-        _check_engine_shape(read, engine, len(nodes))
+    _check_shape(read, engine, nodes, shape)
 
     if problems:
         return None, problems
@@ -344,6 +296,24 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         frontend_tls=frontend_tls or FRONTEND_TLS_PLAIN, binaries=binaries or Binaries(), container=container,
     )
     return contract, problems
+
+
+def _replicas(placements: list[Placement] | None, engine: Engine | None,
+              nnodes: int) -> tuple[list[Node] | None, list[Problem]]:
+    """The nodes in replicas of gms_engine.nnodes (``nnodes`` when gms_engine is refused: then only for the
+    infra and monitoring checks, the shape's problems left out) and the problems of the replicas' shape."""
+    if placements is None:
+        return None, []
+    shape: list[Problem] = []
+    nodes = arrange(placements, engine.nnodes if engine else nnodes, shape)
+    return nodes, shape if engine is not None else []
+
+
+def _check_shape(read: Reader, engine: Engine | None, nodes: list[Node] | None, shape: list[Problem]) -> None:
+    """The replicas' shape (``shape``: their problems), then the tensor parallel size over one replica."""
+    read.problems += shape
+    if engine is not None and nodes is not None:
+        check_tensor_parallel(read, engine)
 
 
 def _frontend_tls(read: Reader, value: Any, insecure: bool) -> str | None:
@@ -406,185 +376,6 @@ def _shared_values(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], p
                                         host=host))
                 break
     return shared
-
-
-def _parse_nodes(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], problems: list[Problem]) -> list[Node] | None:
-    nodes: list[Node] = []
-    for host in node_hosts:
-        read = Reader(problems, host)
-        values = hostvars.get(host, {})
-        if "gms_node_rank" not in values:
-            read.problem("gms_node_rank", "is not set.", f"give {host} a gms_node_rank (0 for the leader node).")
-            continue
-        rank = read.integer("gms_node_rank", values["gms_node_rank"], minimum=0, example=0)
-        address = _address(read, values, host)
-        if address is None:
-            continue
-        if rank is not None:
-            nodes.append(Node(host=host, rank=rank, address=address))
-    if len(nodes) != len(node_hosts):
-        return None
-    nodes.sort(key=lambda n: n.rank)
-    by_rank: dict[int, list[str]] = {}
-    for node in nodes:
-        by_rank.setdefault(node.rank, []).append(node.host)
-    duplicates = {rank: hosts for rank, hosts in by_rank.items() if len(hosts) > 1}
-    for rank, hosts in sorted(duplicates.items()):
-        problems.append(Problem("gms_node_rank", f"rank {rank} is given to {' and '.join(hosts)}; ranks must be unique.",
-                                f"number the nodes 0..{len(node_hosts) - 1}, each once."))
-    expected = set(range(len(node_hosts)))
-    missing = sorted(expected - set(by_rank))
-    extra = sorted(set(by_rank) - expected)
-    if not duplicates and (missing or extra):
-        problems.append(Problem("gms_node_rank",
-                                f"ranks must be contiguous from 0 (exactly one leader, rank 0); "
-                                f"got {sorted(by_rank)}, missing {missing}.",
-                                f"number the {len(node_hosts)} nodes 0..{len(node_hosts) - 1}."))
-    if duplicates or missing or extra:
-        return None
-    return nodes
-
-
-def _parse_model(read: Reader, shared: dict[str, Any]) -> Model | None:
-    values = read.mapping("gms_model", shared.get("gms_model"), DEFAULT_MODEL)
-    if shared.get("gms_model") is None:
-        read.problem("gms_model", "is not set.", "set gms_model.id and gms_model.revision (a 40-hex commit).")
-        return None
-    model_id = read.string("gms_model.id", values["id"], "meta-llama/Llama-3.3-70B-Instruct")
-    if model_id is not None and not MODEL_ID_RE.match(model_id):
-        read.problem("gms_model.id", f"{model_id!r} is not a model id like org/name.",
-                     "use the repository id, e.g. meta-llama/Llama-3.3-70B-Instruct.")
-        model_id = None
-    revision = values["revision"]
-    if revision is None:
-        revision_text = "main"
-        if as_bool(shared.get("gms_model_allow_unpinned")) is not True:
-            read.problem("gms_model.revision", "is not set, so the model is not pinned.",
-                         "set it to the 40-hex commit id of the model repository "
-                         "(or gms_model_allow_unpinned: true, which follows a moving branch).")
-            revision_text = ""
-    elif isinstance(revision, str):
-        revision_text = revision.strip()
-    else:
-        read.problem("gms_model.revision", f"must be a string, got {describe(revision)}.",
-                     "quote the 40-hex commit id in YAML so it stays a string.")
-        revision_text = ""
-    source = values["source"] or (f"hf://{model_id}" if model_id else None)
-    source_text = _parse_source(read, source) if source else None
-    model_format = read.choice("gms_model.format", values["format"], SAFE_FORMATS + PICKLE_FORMATS)
-    local_dir = values["local_dir"] or (default_local_dir(model_id, revision_text) if model_id and revision_text else None)
-    local_dir = _absolute_path(read, "gms_model.local_dir", local_dir) if local_dir else None
-    if not (model_id and revision_text and source_text and model_format and local_dir):
-        return None
-    return Model(id=model_id, revision=revision_text, source=source_text, local_dir=local_dir, format=model_format)
-
-
-def _parse_source(read: Reader, source: Any) -> str | None:
-    """The source URI, checked by the staging library's own parser (one parser for both)."""
-    if not isinstance(source, str):
-        read.problem("gms_model.source", f"must be a URI string, got {describe(source)}.",
-                     "use hf://<repo>, file:///<path> or rsync://<host>/<path>.")
-        return None
-    try:
-        return parse_source(source, "").uri
-    except SpecError as err:
-        read.problem("gms_model.source", err.message.replace("gms_model.source ", "", 1).rstrip(".") + ".",
-                     err.fix or "use hf://<repo>, file:///<path> or rsync://<host>/<path>.")
-        return None
-
-
-def _check_model_policy(read: Reader, model: Model, allow_unpinned: bool | None, allow_pickle: bool | None) -> None:
-    if not model.pinned and not allow_unpinned:
-        read.problem("gms_model.revision", f"{model.revision!r} is not a pinned 40-hex commit id.",
-                     "set the exact commit (git ls-remote or the hub's 'Files' page gives it), "
-                     "or set gms_model_allow_unpinned: true to accept a moving revision.")
-    if model.format in PICKLE_FORMATS and not allow_pickle:
-        read.problem("gms_model.format", f"{model.format!r} weights are pickle files that can run code when loaded.",
-                     "use safetensors weights, or set gms_model_allow_pickle: true if you trust the source.")
-
-
-def _parse_engine(read: Reader, value: Any, node_count: int) -> Engine | None:
-    values = read.mapping("gms_engine", value, DEFAULT_ENGINE)
-    backend = read.choice("gms_engine.backend", values["backend"], BACKENDS)
-    tp = read.integer("gms_engine.tensor_parallel_size", values["tensor_parallel_size"], minimum=1, maximum=1024, example=8)
-    nnodes_value = values["nnodes"] if values["nnodes"] is not None else node_count
-    nnodes = read.integer("gms_engine.nnodes", nnodes_value, minimum=1, maximum=1024, example=node_count)
-    gpus = read.integer("gms_engine.gpus_per_node", values["gpus_per_node"], minimum=1, maximum=64, example=8)
-    lease = read.integer("gms_engine.lease_ttl_s", values["lease_ttl_s"], minimum=1, maximum=600, example=30)
-    extra = read.string_list("gms_engine.extra_args", values["extra_args"], "['--max-model-len', '8192']")
-    if extra:
-        for arg in extra:
-            flag = arg.split("=", 1)[0]
-            if flag in MANAGED_FLAGS:
-                read.problem("gms_engine.extra_args", f"contains {flag}, which shadowline sets from the plan.",
-                             f"remove it from extra_args; it comes from {MANAGED_FLAGS[flag]}.")
-    env = _parse_engine_env(read, values["env"])
-    cuda_graphs = read.boolean("gms_engine.cuda_graphs", values["cuda_graphs"])
-    if None in (backend, tp, nnodes, gpus, lease, env, cuda_graphs) or extra is None:
-        return None
-    if not (backend is not None and tp is not None and nnodes is not None and gpus is not None and lease is not None
-            and env is not None and cuda_graphs is not None):
-        raise AssertionError("unreachable: checked above")
-    return Engine(backend=backend, tensor_parallel_size=tp, nnodes=nnodes, gpus_per_node=gpus,
-                  extra_args=tuple(extra), lease_ttl_s=lease, env=env, cuda_graphs=cuda_graphs)
-
-
-def _parse_engine_env(read: Reader, value: Any) -> tuple[tuple[str, str], ...] | None:
-    """gms_engine.env: NAME: value pairs for every rank. A name is a shell identifier, not one shadowline sets
-    (SHADOWLINE_*, HOME; the plan's own names are refused where the plan is built: deployment/plan_builder.py), never one
-    that says a secret; a value is a string or a number on one line. Nothing of a value is ever put in a message."""
-    example = "{NCCL_SOCKET_IFNAME: ens1f0, NCCL_IB_HCA: mlx5_0}"
-    if value is None or value == {}:
-        return ()
-    if not isinstance(value, dict):
-        read.problem("gms_engine.env", f"must be a mapping of variable names to values, got {describe(value)}.",
-                     f"write it as a YAML mapping, e.g. {example}.")
-        return None
-    pairs: list[tuple[str, str]] = []
-    ok = True
-    for name, raw in value.items():
-        field_name = f"gms_engine.env.{name}"
-        if not isinstance(name, str) or not ENV_NAME_RE.match(name):
-            read.problem("gms_engine.env", f"has the name {name!r}, which is no environment variable name.",
-                         "use letters, digits and '_', not starting with a digit, e.g. NCCL_SOCKET_IFNAME.")
-            ok = False
-        elif name.upper().startswith("SHADOWLINE_") or name.upper() == "HOME":
-            read.problem(field_name, "is set by shadowline itself for every rank.", "remove it from gms_engine.env.")
-            ok = False
-        elif SECRET_NAME_RE.search(name):
-            read.problem(field_name, "looks like a secret; the engines' environment is written into unit files, the "
-                                     "plan and the Slurm job, which are not secret.",
-                         "remove it; give a Hugging Face token with gms_model_hf_token_file, and keep other "
-                         "credentials in a file the service user reads (docs/security.md).")
-            ok = False
-        elif isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
-            read.problem(field_name, f"must be a string or a number, got {describe(raw) if isinstance(raw, bool) else type(raw).__name__}.",
-                         f"quote the value in YAML, e.g. {name}: \"1\".")
-            ok = False
-        elif isinstance(raw, str) and (len(raw) > ENV_VALUE_MAX or any(ord(c) < 32 or ord(c) == 127 for c in raw)):
-            read.problem(field_name, f"has a control character (a newline, a tab) or more than {ENV_VALUE_MAX} "
-                                     "characters.", "write the value on one line, without tabs.")
-            ok = False
-        else:
-            pairs.append((name, raw if isinstance(raw, str) else str(raw)))
-    return tuple(sorted(pairs)) if ok else None
-
-
-def _check_engine_shape(read: Reader, engine: Engine, node_count: int) -> None:
-    if engine.nnodes != node_count:
-        read.problem("gms_engine.nnodes", f"is {engine.nnodes} but gms_nodes has {node_count} hosts.",
-                     f"set gms_engine.nnodes to {node_count} (or leave it unset), or list {engine.nnodes} hosts in gms_nodes.")
-        return
-    total = engine.gpus_per_node * engine.nnodes
-    tp = engine.tensor_parallel_size
-    if tp > total:
-        read.problem("gms_engine.tensor_parallel_size",
-                     f"{tp} does not fit {engine.nnodes} node(s) x {engine.gpus_per_node} GPU(s) = {total} GPU(s).",
-                     f"lower tensor_parallel_size to at most {total}, or raise gms_engine.gpus_per_node or add nodes.")
-    elif tp % engine.nnodes != 0:
-        read.problem("gms_engine.tensor_parallel_size",
-                     f"{tp} does not split evenly over {engine.nnodes} nodes; every rank needs the same number of GPUs.",
-                     f"use a multiple of {engine.nnodes}, e.g. {engine.nnodes * engine.gpus_per_node}.")
 
 
 def _parse_ports(read: Reader, value: Any) -> Ports | None:
@@ -692,38 +483,11 @@ def _parse_infra(read: Reader, hostvars: dict[str, dict[str, Any]], nodes: list[
         if host in by_host:
             infra.append(by_host[host])
             continue
-        address = _address(Reader(read.problems, host), hostvars.get(host, {}), host)
+        address = host_address(Reader(read.problems, host), hostvars.get(host, {}), host)
         if address is None:
             return None
         infra.append(Node(host=host, rank=-1, address=address))
     return infra
-
-
-def _address_source(values: dict[str, Any], host: str) -> tuple[str, Any]:
-    """Where a host's cluster address comes from and what it is: gms_node_address, else ansible_host, else the
-    inventory name (reported as gms_node_address, the variable to set)."""
-    field_name = next((f for f in ("gms_node_address", "ansible_host") if values.get(f)), "gms_node_address")
-    return field_name, values.get(field_name) or host
-
-
-def _address(read: Reader, values: dict[str, Any], host: str) -> str | None:
-    """A host's cluster address (gms_node_address, else ansible_host, else its inventory name), checked."""
-    field_name, address = _address_source(values, host)
-    wrong = address_problem(address)
-    if wrong is not None:
-        read.problem(field_name, wrong, f"{ADDRESS_FIX}: it is written into etcd's, NATS's and the units' "
-                     "configuration.")
-        return None
-    return address
-
-
-def _same_address(address: str) -> str:
-    """An address as a key: one spelling per IP address (fd00::05 is fd00::5), host names without case or the
-    root's dot."""
-    try:
-        return ipaddress.ip_address(address).compressed
-    except ValueError:
-        return address.lower().rstrip(".")
 
 
 def _duplicate_addresses(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], infra_hosts: list[str],
@@ -734,11 +498,11 @@ def _duplicate_addresses(hostvars: dict[str, dict[str, Any]], node_hosts: list[s
     seen: dict[str, tuple[str, str, str]] = {}  # address key -> (host, field, group) of the first with it
     nodes = set(node_hosts)
     for host in list(dict.fromkeys(node_hosts + infra_hosts)):
-        field_name, address = _address_source(hostvars.get(host, {}), host)
+        field_name, address = address_source(hostvars.get(host, {}), host)
         if address_problem(address) is not None:
-            continue  # named by _address
+            continue  # named by host_address
         group = NODES_GROUP if host in nodes else INFRA_GROUP
-        key = _same_address(address)
+        key = same_address(address)
         if key not in seen:
             seen[key] = (host, field_name, group)
             continue

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from ..backends import Backend, backend
@@ -62,8 +62,14 @@ class CohortPlan:
 
     @property
     def leader(self) -> RankPlan:
-        """Rank 0: runs the Dynamo runtime, serves /health and /metrics, takes the failover lock."""
-        return next(r for r in self.ranks if r.leader)
+        """Rank 0: runs the Dynamo runtime, serves /health and /metrics, takes the failover lock. A fleet's cohort
+        (Plan.cohorts with several replicas) has one per replica: ask the replica's (Plan.replica(q).cohort(c))."""
+        leaders = [r for r in self.ranks if r.leader]
+        if len(leaders) > 1:
+            raise ValueError(f"cohort {self.cohort} has a leader in each of {len(leaders)} replicas "
+                             f"({', '.join(r.host for r in leaders)}): use plan.replica(q).cohort({self.cohort}) "
+                             "or plan.replica_of(host)")
+        return leaders[0]
 
     @property
     def system_url(self) -> str:
@@ -160,6 +166,47 @@ class Security:
         return f"{self.dir}/etcd-{user}.password"
 
 
+@dataclass(frozen=True)
+class Replica:
+    """One engine group of the deployment (docs/fleet-design.md): its nodes, their ranks, its own leader node,
+    master address and failover lock, and its cohorts: the cohort numbers and ports of every replica are the
+    same, on its own hosts. A deployment of one replica is today's deployment."""
+    id: int
+    members: tuple[str, ...]  # hosts in rank order (membership epoch 1): members[0] is the leader node
+    master_address: str  # the leader node's address: every cohort's --master-addr
+    master_port: int  # cohort 0's master port (cohort c's: gms_ports.master_stride further), every replica's
+    lock_path: str  # the failover lock, on the leader node
+    cohorts: tuple[CohortPlan, ...]  # this replica's ranks of each cohort
+
+    @property
+    def leader(self) -> str:
+        """The replica's leader node (rank 0): its cohorts' leaders, its failover lock and its driver."""
+        return self.members[0]
+
+    def cohort(self, cohort: int) -> CohortPlan:
+        return self.cohorts[cohort]
+
+    def rank_of(self, host: str) -> int:
+        return self.members.index(host)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What plan.json keeps of a replica: its cohorts' ranks are the plan's own (Plan.cohorts), by host."""
+        return {"id": self.id, "members": list(self.members), "leader": self.leader,
+                "master_address": self.master_address, "master_port": self.master_port, "lock_path": self.lock_path,
+                "cohorts": [c.cohort for c in self.cohorts]}
+
+
+def replica_view(replica_id: int, members: tuple[str, ...], master_address: str, master_port: int, lock_path: str,
+                 cohorts: tuple[CohortPlan, ...]) -> Replica:
+    """A replica with its own ranks of the deployment's ``cohorts`` (those on its members, in rank order)."""
+    order = {host: rank for rank, host in enumerate(members)}
+    own = tuple(CohortPlan(cohort=c.cohort, engine_id=c.engine_id, role=c.role, ports=c.ports,
+                           ranks=tuple(sorted((r for r in c.ranks if r.host in order), key=lambda r: order[r.host])))
+                for c in cohorts)
+    return Replica(id=replica_id, members=members, master_address=master_address, master_port=master_port,
+                   lock_path=lock_path, cohorts=own)
+
+
 ETCD_USERS = ("root", "agent", "dynamo")  # the deployment's etcd identities (cluster/access.py grants them)
 
 
@@ -201,6 +248,16 @@ class Plan:
     # python_env_mode container: the GMS server, engines and frontend run in this image (deployment/container.py);
     # their argv starts with the image's interpreter, and ``python`` is the host's (the agent, drills, tools)
     container: Container | None = None
+    # the replicas (docs/fleet-design.md): one engine group each, their cohorts' ranks those of ``cohorts`` on
+    # their members. Empty when made: one replica of every node (today's deployment, an older plan.json)
+    replicas: tuple[Replica, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.replicas and self.nodes:
+            master = self.nodes[0]
+            one = replica_view(0, tuple(n.host for n in self.nodes), master.address, self.ports.master_base,
+                               self.lock_path, self.cohorts)
+            object.__setattr__(self, "replicas", (one,))
 
     @property
     def secure(self) -> bool:
@@ -215,8 +272,10 @@ class Plan:
 
     # --- the one boundary: data for Ansible (the gms_plan fact, plan.json) and back ---------------------------
     def to_dict(self) -> dict[str, Any]:
-        data = json.loads(json.dumps(asdict(self)))
-        data.pop("extra", None)
+        # the replicas by name: their cohorts' ranks are ``cohorts``' (asdict would write each rank twice)
+        data = json.loads(json.dumps({f.name: _plain(getattr(self, f.name)) for f in fields(self)
+                                      if f.name not in ("extra", "replicas")}))
+        data["replicas"] = [r.to_dict() for r in self.replicas]
         data.update(self.extra)
         return data
 
@@ -250,8 +309,36 @@ class Plan:
 
     @property
     def leader_node(self) -> Node:
-        """Node rank 0: every cohort's leader, the failover lock and the agents' driver live there."""
+        """Node rank 0: every cohort's leader, the failover lock and the agents' driver live there. A fleet has
+        one per replica: ask ``replica(q).leader`` or ``replica_of(host).leader``."""
+        if len(self.replicas) > 1:
+            raise ValueError(f"deployment {self.deployment} has {len(self.replicas)} replicas, each with its own "
+                             "leader node: use plan.replica(q).leader or plan.replica_of(host).leader")
         return self.nodes[0]
+
+    # --- the replicas (docs/fleet-design.md) ------------------------------------------------------------------
+    @property
+    def fleet(self) -> bool:
+        """Whether the deployment has more than one replica."""
+        return len(self.replicas) > 1
+
+    def replica(self, replica: int) -> Replica:
+        return self.replicas[replica]
+
+    def replica_of(self, host: str) -> Replica:
+        """The replica ``host`` is a node of (KeyError naming the host when none)."""
+        for replica in self.replicas:
+            if host in replica.members:
+                return replica
+        raise KeyError(f"{host} is not a node of deployment {self.deployment} (nodes: {', '.join(self.hosts)})")
+
+    def leader_of(self, host: str) -> Node:
+        """The leader node of ``host``'s replica (rank 0 there: its cohorts' leaders, its lock, its driver)."""
+        return self.node(self.replica_of(host).leader)
+
+    def master_address(self, host: str) -> str:
+        """The master address of ``host``'s replica's cohorts."""
+        return self.replica_of(host).master_address
 
     @property
     def hosts(self) -> list[str]:
@@ -399,10 +486,28 @@ def _cohort_from_dict(data: dict[str, Any]) -> CohortPlan:
                       ports=CohortPorts(**_known(CohortPorts, data["ports"])), ranks=ranks)
 
 
+def _plain(value: Any) -> Any:
+    """A field's value as asdict gives it (dataclasses, and tuples of them, as dicts)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _replicas(data: list[dict[str, Any]] | None, cohorts: tuple[CohortPlan, ...]) -> tuple[Replica, ...]:
+    """The replicas of plan.json (none in an older one: then the plan's one replica, Plan.__post_init__)."""
+    by_number = {c.cohort: c for c in cohorts}
+    return tuple(replica_view(int(r["id"]), tuple(r["members"]), r["master_address"], int(r["master_port"]),
+                              r["lock_path"], tuple(by_number[int(c)] for c in r["cohorts"]))
+                 for r in data or ())
+
+
 def _plan_from_dict(data: dict[str, Any]) -> Plan:
     infra = data["infra"]
     nodes = tuple(_node(n) for n in data["nodes"])
     gms_servers = tuple(_process(p) for p in data["gms_servers"])
+    cohorts = tuple(_cohort_from_dict(c) for c in data["cohorts"])
     known = {f.name for f in fields(Plan)}
     return Plan(
         deployment=data["deployment"], backend=data["backend"], state_dir=data["state_dir"],
@@ -415,7 +520,7 @@ def _plan_from_dict(data: dict[str, Any]) -> Plan:
                         frontend=_process(infra["frontend"]), etcd=tuple(_process(p) for p in infra["etcd"]),
                         nats=tuple(_process(p) for p in infra["nats"]),
                         etcd_proxies=tuple(_process(p) for p in infra.get("etcd_proxies") or ())),
-        gms_servers=gms_servers, cohorts=tuple(_cohort_from_dict(c) for c in data["cohorts"]),
+        gms_servers=gms_servers, cohorts=cohorts, replicas=_replicas(data.get("replicas"), cohorts),
         python=data.get("python") or gms_servers[0].argv[0],
         extra={k: v for k, v in data.items() if k not in known},
         monitoring=Monitoring(**_known(Monitoring, data["monitoring"])) if data.get("monitoring") else None,

@@ -9,7 +9,7 @@ shadowline.standin.engine`` with exactly the same flags and environment: only th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..backends import backend
@@ -17,7 +17,18 @@ from ..common.problems import Problem, format_problems
 from ..common.settings import CohortPorts, Node, Ports
 from .contract import CONFIG_DIR, STATE_DIR, Contract
 from .pki import subject_dn
-from .plan import CohortPlan, InfraPlan, Plan, Process, RankPlan, Security, gms_dir, model_view_dir, nats_store_dir
+from .plan import (
+    CohortPlan,
+    InfraPlan,
+    Plan,
+    Process,
+    RankPlan,
+    Security,
+    gms_dir,
+    model_view_dir,
+    nats_store_dir,
+    replica_view,
+)
 from .ports import cohort_ports, port_problems
 
 FRONTEND_MIGRATION_LIMIT = 3
@@ -79,7 +90,13 @@ def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str
                         etcd_tls=not contract.insecure)
     infra = _infra_plan(contract, dirs, security, etcd_proxy)
     gms_servers = tuple(_gms_server(contract, node) for node in contract.nodes)
-    cohorts = tuple(_cohort_plan(contract, infra, security, cohort, model_path) for cohort in range(contract.cohorts))
+    by_replica = [tuple(_cohort_plan(contract, infra, security, cohort, model_path, members)
+                        for cohort in range(contract.cohorts)) for members in contract.replicas]
+    # a cohort of the deployment: every replica's ranks of it, replica by replica (Replica.cohorts: one's own)
+    cohorts = tuple(replace(of_each[0], ranks=tuple(rank for own in of_each for rank in own.ranks))
+                    for of_each in zip(*by_replica))
+    replicas = tuple(replica_view(q, tuple(n.host for n in members), members[0].address, contract.ports.master_base,
+                                  contract.lock_path, cohorts) for q, members in enumerate(contract.replicas))
     overridden = env_overridden(contract, cohorts)
     if overridden:
         raise PlanRefused(overridden)
@@ -91,6 +108,7 @@ def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str
         model_dir=contract.model.local_dir, revision=contract.model.revision, socket_dir=contract.socket_dir,
         lock_path=contract.lock_path, nodes=contract.nodes, infra=infra, gms_servers=gms_servers, cohorts=cohorts,
         python=contract.python, monitoring=contract.monitoring, security=security, container=contract.container,
+        replicas=replicas,
     )
 
 
@@ -369,16 +387,18 @@ def _backend_env(contract: Contract, node: Node) -> dict[str, str]:
     return backend(contract.engine.backend).node_env(contract.deployment, node.host, contract.engine.gpus_per_node)
 
 
-def _cohort_plan(contract: Contract, infra: InfraPlan, security: Security, cohort: int,
-                 model_path: str) -> CohortPlan:
+def _cohort_plan(contract: Contract, infra: InfraPlan, security: Security, cohort: int,  # noqa: PLR0913 (one cohort's inputs)
+                 model_path: str, members: tuple[Node, ...]) -> CohortPlan:
+    """One replica's ranks of a cohort (``members``: its nodes in rank order; the master address its leader's)."""
     ports = cohort_ports(contract.ports, cohort)
-    ranks = tuple(_rank_plan(contract, infra, security, cohort, ports, node, model_path) for node in contract.nodes)
+    ranks = tuple(_rank_plan(contract, infra, security, cohort, ports, node, model_path, members[0].address)
+                  for node in members)
     return CohortPlan(cohort=cohort, engine_id=cohort, role="primary" if cohort == 0 else "shadow",
                       ports=ports, ranks=ranks)
 
 
 def _rank_plan(contract: Contract, infra: InfraPlan, security: Security, cohort: int, ports: CohortPorts,  # noqa: PLR0913 (one rank's inputs)
-               node: Node, model_path: str) -> RankPlan:
+               node: Node, model_path: str, master_address: str) -> RankPlan:
     engine = contract.engine
     headless = node.rank != 0
     argv = [runtime_python(contract), "-m", backend(engine.backend).engine_module,
@@ -387,7 +407,7 @@ def _rank_plan(contract: Contract, infra: InfraPlan, security: Security, cohort:
             "--tensor-parallel-size", str(engine.tensor_parallel_size)]
     if engine.nnodes > 1:
         argv += ["--distributed-executor-backend", "mp", "--nnodes", str(engine.nnodes),
-                 "--node-rank", str(node.rank), "--master-addr", contract.leader.address,
+                 "--node-rank", str(node.rank), "--master-addr", master_address,
                  "--master-port", str(ports.master)]
     argv += backend(engine.backend).watchdog_args(contract.failover.collective_timeout_s)
     if headless:

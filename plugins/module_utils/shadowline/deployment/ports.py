@@ -64,10 +64,12 @@ def port_uses(ports: Ports, cohorts: int, infra_hosts: int = 1) -> list[PortUse]
 
 def host_port_uses(contract: Contract) -> dict[str, list[PortUse]]:
     """The ports each host of the deployment binds, in port_uses' order: the infra host that is also the leader
-    node (the default) has both's."""
+    node (the default) has both's. Every replica's leader node binds its cohorts' master ports (the same numbers
+    in every replica, on different hosts)."""
     nodes = [n.host for n in contract.nodes]
     infra = [n.host for n in contract.infra_hosts]
-    hosts = {ALL_NODES: nodes, LEADER_NODE: nodes[:1], INFRA_HOSTS: infra, FRONTEND_HOST: infra[:1],
+    leaders = [members[0].host for members in contract.replicas]
+    hosts = {ALL_NODES: nodes, LEADER_NODE: leaders, INFRA_HOSTS: infra, FRONTEND_HOST: infra[:1],
              ALL_HOSTS: list(dict.fromkeys(nodes + infra))}
     by_host: dict[str, list[PortUse]] = {host: [] for host in hosts[ALL_HOSTS]}
     for use in port_uses(contract.ports, contract.cohorts, len(infra)):
