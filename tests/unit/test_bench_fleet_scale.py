@@ -95,6 +95,9 @@ def test_the_report_prints_the_table_the_ratios_and_the_growth():
     assert growth[("2", "anchor")][2:5] == ["16-64", "1.00", "1.00"]  # rest linear
     assert growth[("2", "anchor")][5] == f"{math.log(280 / 70) / math.log(4):.2f}"
     assert growth[("2", "fleet")][5] == "0.00"  # requests per failure flat
+    assert growth[("2", "anchor")][-1] == "-"  # served all it was offered
+    results[2].rest_rps = 200.0  # half of its offered rate: saturated
+    assert bench.report(results).splitlines()[-2].split()[-1] == "64"
 
 
 def test_a_report_of_one_layout_or_one_size_has_no_ratios_or_growth():
