@@ -82,7 +82,7 @@ test: runtime ## run the whole suite (unit, testbed, end-to-end, molecule, lint,
 
 lint: setup ## ansible-lint (production profile) and a Python byte-compile check
 	$(BIN)/ansible-lint --profile production -q
-	$(BIN)/ruff check --quiet plugins testbed tests monitoring scripts/show-plan scripts/bench-failover scripts/bench-client scripts/verify-engine-args scripts/build-standin-image scripts/gpu-proof scripts/figures slurm/render slurm/drill
+	$(BIN)/ruff check --quiet plugins testbed tests monitoring scripts/show-plan scripts/bench-failover scripts/bench-client scripts/bench-fleet-scale scripts/verify-engine-args scripts/build-standin-image scripts/gpu-proof scripts/figures slurm/render slurm/drill
 	python3 scripts/figures --check
 
 sanity: setup ## ansible-test sanity on the built collection (scripts/sanity; tests/sanity/ignore-2.19.txt)

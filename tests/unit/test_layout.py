@@ -75,7 +75,7 @@ def test_production_code_does_not_import_drills_or_the_stand_in(path: Path):
 def python_sources() -> list[Path]:
     sources = [p for p in (ROOT / "plugins").rglob("*.py") if "__pycache__" not in p.parts]
     sources += [ROOT / "slurm" / "render", ROOT / "scripts" / "show-plan", ROOT / "scripts" / "bench-failover",
-                ROOT / "scripts" / "bench-client"]
+                ROOT / "scripts" / "bench-client", ROOT / "scripts" / "bench-fleet-scale"]
     return sorted(p for p in sources if p.exists())
 
 
