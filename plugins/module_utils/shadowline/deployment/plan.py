@@ -249,7 +249,8 @@ class Plan:
     # their argv starts with the image's interpreter, and ``python`` is the host's (the agent, drills, tools)
     container: Container | None = None
     # the replicas (docs/fleet-design.md): one engine group each, their cohorts' ranks those of ``cohorts`` on
-    # their members. Empty when made: one replica of every node (today's deployment, an older plan.json)
+    # their members. Empty when made: one replica of every node (today's deployment, an older plan.json). A
+    # dataclasses.replace of nodes or cohorts keeps the old replicas: pass replicas=() with them to derive again
     replicas: tuple[Replica, ...] = ()
 
     def __post_init__(self) -> None:
