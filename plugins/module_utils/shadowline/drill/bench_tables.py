@@ -151,6 +151,6 @@ def print_security(secure: list[dict[str, Any]], plain: list[dict[str, Any]]) ->
                 b = [t[key] for t in base if t.get(key) is not None]
                 if a and b:
                     ma, mb = statistics.median(a), statistics.median(b)
-                    parts.append(f"{key.removesuffix('_s')} {ma:.3f} vs {mb:.3f} = "
+                    parts.append(f"{key[:-len('_s')]} {ma:.3f} vs {mb:.3f} = "
                                  + (f"{ma / mb:.2f}x" if mb > 0 else "-"))
             print(f"  {n} node(s) {fault} (n={len(ours)} / {len(base)}): " + "; ".join(parts))
