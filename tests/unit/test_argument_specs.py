@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shadowline.deployment import contract
+from shadowline.deployment import contract, engine_contract, model_contract
 from shadowline.model.spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,10 +25,10 @@ def _spec_defaults() -> dict[str, Any]:
     socket_dir = contract.default_socket_dir(PLACEHOLDER)
     return {
         "gms_ports": contract.DEFAULT_PORTS,
-        "gms_engine": contract.DEFAULT_ENGINE,
+        "gms_engine": engine_contract.DEFAULT_ENGINE,
         "gms_failover": contract.DEFAULT_FAILOVER,
         "gms_memory": contract.DEFAULT_MEMORY,
-        "gms_model": contract.DEFAULT_MODEL,
+        "gms_model": model_contract.DEFAULT_MODEL,
         "gms_cohorts": contract.DEFAULT_COHORTS,
         "gms_service_user": contract.DEFAULT_SERVICE_USER,
         "gms_python": contract.DEFAULT_PYTHON.format(deployment=PLACEHOLDER),

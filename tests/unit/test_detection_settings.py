@@ -10,7 +10,8 @@ import pytest
 
 from shadowline.backends import backend, dynamo_vllm
 from shadowline.common.settings import DEFAULT_FAILOVER, Failover
-from shadowline.deployment.contract import MANAGED_FLAGS, parse_contract
+from shadowline.deployment.contract import parse_contract
+from shadowline.deployment.engine_contract import MANAGED_FLAGS
 from shadowline.deployment.plan import Plan
 from shadowline.deployment.plan_builder import build_plan
 

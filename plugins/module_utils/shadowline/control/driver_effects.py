@@ -237,4 +237,3 @@ class DriverEffects:
         self.probes.answer_in_thread(f"promotion-look-{cohort}", self.probes.promotion_looks, lambda: (
             cohort, generation, observe.look_at_promotion(self.plan, cohort, want_state, cgroup, self.registrations)),
             b"v")
-

@@ -30,10 +30,7 @@ from ..common.settings import (
 from ..common.values import SYSTEM_DIRECTORIES, Reader, close_match, describe, suggest
 from .addresses import address_problem, address_source, host_address, same_address
 from .container import RUNTIME_MODE, parse_container
-from .engine_contract import DEFAULT_ENGINE as DEFAULT_ENGINE  # the contract's defaults and flags, read here
-from .engine_contract import MANAGED_FLAGS as MANAGED_FLAGS
 from .engine_contract import Engine, check_tensor_parallel, parse_engine
-from .model_contract import DEFAULT_MODEL as DEFAULT_MODEL
 from .model_contract import Model, check_model_policy, default_local_dir, parse_model
 from .replicas import NODE_VARIABLES, REPLICA_VARIABLES, Placement, arrange, default_nnodes, parse_placements
 

@@ -59,8 +59,6 @@ class Engine:
     cuda_graphs: bool = False
 
 
-
-
 def parse_engine(read: Reader, value: Any, node_count: int) -> Engine | None:
     values = read.mapping("gms_engine", value, DEFAULT_ENGINE)
     backend = read.choice("gms_engine.backend", values["backend"], BACKENDS)

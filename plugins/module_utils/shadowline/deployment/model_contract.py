@@ -32,10 +32,8 @@ class Model:
         return bool(REVISION_RE.match(self.revision))
 
 
-
 def default_local_dir(model_id: str, revision: str) -> str:
     return f"/var/lib/shadowline/models/{model_id.replace('/', '--')}/{revision}"
-
 
 
 def parse_model(read: Reader, shared: dict[str, Any]) -> Model | None:

@@ -41,6 +41,7 @@ TIMELINE_EVENTS = {
     "etcd-reachable": "etcd reachable again (after {after_s} s)",
 }
 
+
 def timeline(evidence: Evidence, report: dict[str, Any], events: list[dict[str, Any]], t0: float
              ) -> list[dict[str, Any]]:
     """The rows of the timeline: {t, node, what, kind}; kind is fault, detect, teardown, promote, relaunch,
