@@ -11,7 +11,8 @@ Development: SHADOWLINE_DRILLS_KEEP=1 keeps the testbed and its deployment at th
 
 Settings: ``gms_failover.stable_after_s`` is 8 s here instead of 30, so that drills a few seconds apart on the
 same cohort do not add up to a crash loop (each drill waits until the slots' crash-loop counters are back to 0);
-detection is tight (``health_timeout_s`` 1 s, ``progress_stall_s`` and ``canary_interval_s`` 0.5 s).
+detection is tighter than the defaults (``health_timeout_s`` 3 s, ``progress_stall_s`` 2 s, ``canary_interval_s``
+1 s) and loose enough for a 2-core machine running a second testbed beside this one (CI's two streams).
 """
 
 from __future__ import annotations
@@ -43,15 +44,13 @@ REPO = launch.REPO
 DEPLOYMENT = "demo"  # inventories/testbed/group_vars
 UNIT = f"shadowline-{DEPLOYMENT}"
 LEADER = "node0"
-# The drills run the stand-in with the tightest detection it stands (issue #14: half the requests the 2 s health
-# timeout lost): hung after 1 s without a 200, or 0.5 s with requests waiting and no token (the stand-in's
-# requests take 35 ms and have no prefill to speak of; real engines need progress_stall_s above their longest
-# prefill, docs/detection.md), idle hangs canaried every 0.5 s. 0.3 s was tried: a canary under an upgrade's load on
-# this 2-core machine can take that long. /health at 0.5 s was too tight for CI: twice a serving or just-promoted
-# leader went 0.5 s without a 200 while another cohort's three ranks started on the same 2 cores (hang-leader and
-# the upgrade test declared a healthy leader hung).
+# The drills run the stand-in with detection well under the defaults (hung after 3 s without a 200 from /health, or
+# 2 s with requests waiting and no token; idle hangs canaried every 1 s), but not at the edge of what this machine
+# stands: 1 s and 0.5 s (issue #14's choice) declared healthy leaders hung whenever a second testbed took the CPU
+# (issue #37: a canary unanswered for 0.7 s and a /health silent for 1 s moved serving 8 s before a drill's fault,
+# so the drill measured the wrong cohort; under a CPU hog, 3 s and 2 s still were not enough, 5 s was).
 EXTRA_VARS = {"gms_failover": failover_of_testbed(
-    stable_after_s=8, health_timeout_s=1.0, progress_stall_s=0.5, canary_interval_s=0.5)}
+    stable_after_s=8, health_timeout_s=3.0, progress_stall_s=2.0, canary_interval_s=1.0)}
 d = Deployed(INSTANCE, EXTRA_VARS)  # the deployment's helpers (tests/e2e/deployed.py)
 tb = d.tb  # testbed/testbed.py bound to instance 6 only (SHADOWLINE_TESTBED=6)
 playbook, on, events, lock_holder, completion_ok = d.playbook, d.on, d.events, d.lock_holder, d.completion_ok
@@ -271,7 +270,7 @@ def test_lost_agent_is_reported_and_serving_probed(deployment: dict[str, Any]) -
         lost = wait_for("agent-lost for node2", lambda: [e for e in events(since=t0) if e["event"] == "agent-lost"
                                                          and e["node"] == "node2"], 20, interval=0.5)[0]
         assert lost["time"] - t0 < 3 + 5, "the agent lease (3 s) should expire within a few seconds"
-        time.sleep(5)  # longer than health_timeout_s + the probe's request timeout
+        time.sleep(8)  # longer than health_timeout_s (3 s) + the probe's request timeout
         assert completion_ok(), "serving stopped while only an agent was gone"
         declared = [e for e in events(since=t0) if e["event"] == "failure-declared"]
         assert declared == [], f"an agent's loss alone failed a cohort: {declared}"
