@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..backends import Backend, backend
@@ -273,9 +273,9 @@ class Plan:
 
     # --- the one boundary: data for Ansible (the gms_plan fact, plan.json) and back ---------------------------
     def to_dict(self) -> dict[str, Any]:
-        # the replicas by name: their cohorts' ranks are ``cohorts``' (asdict would write each rank twice)
-        data = json.loads(json.dumps({f.name: _plain(getattr(self, f.name)) for f in fields(self)
-                                      if f.name not in ("extra", "replicas")}))
+        data = json.loads(json.dumps(asdict(self)))
+        data.pop("extra", None)
+        # the replicas by name: their cohorts' ranks are ``cohorts``' (asdict wrote each rank a second time)
         data["replicas"] = [r.to_dict() for r in self.replicas]
         data.update(self.extra)
         return data
@@ -485,15 +485,6 @@ def _cohort_from_dict(data: dict[str, Any]) -> CohortPlan:
                   for r in data["ranks"])
     return CohortPlan(cohort=int(data["cohort"]), engine_id=int(data["engine_id"]), role=data["role"],
                       ports=CohortPorts(**_known(CohortPorts, data["ports"])), ranks=ranks)
-
-
-def _plain(value: Any) -> Any:
-    """A field's value as asdict gives it (dataclasses, and tuples of them, as dicts)."""
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
-    if isinstance(value, tuple):
-        return [_plain(item) for item in value]
-    return value
 
 
 def _replicas(data: list[dict[str, Any]] | None, cohorts: tuple[CohortPlan, ...]) -> tuple[Replica, ...]:
