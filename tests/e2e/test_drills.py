@@ -361,7 +361,7 @@ def running_config(host: str, cohort: int) -> str:
 def slots_running() -> None:
     """Wait until every cohort's slot runs (the agents' records exist: the upgrade's handover needs them)."""
     etcd = d.etcd()
-    coord = Coordination(etcd, DEPLOYMENT)
+    coord = Coordination(etcd, DEPLOYMENT, 0)
     try:
         wait_for("every cohort's slot running", lambda: sorted(
             c for c, (s, _r) in coord.slots().items() if s.state == "running") == [0, 1], 90)

@@ -50,7 +50,8 @@ EXTRA_VARS = {"gms_failover": failover_of_testbed(stable_after_s=8, wake_timeout
                              "lease_ttl_s": LEASE_TTL_S}}
 d = Deployed(INSTANCE, EXTRA_VARS)
 tb = d.tb
-KEYS = Keys("demo")
+KEYS = Keys("demo", 0)
+HOSTS = ("node0", "node1", "node2")  # the replica's nodes: the view reads their own records
 AGENT_METRICS_PORT = 8480
 PROXY_PORT = 23795  # beside the etcd proxy of Dynamo's processes (127.0.0.1:23790-23792)
 
@@ -105,7 +106,7 @@ def steady(deployment: None, request: pytest.FixtureRequest) -> Iterator[dict[st
 
 def _slots() -> dict[int, Any]:
     from shadowline.control.view import read_view
-    return read_view(etcd(), KEYS, frozenset({0, 1})).slots
+    return read_view(etcd(), KEYS, frozenset({0, 1}), HOSTS).slots
 
 
 def declared(since: float, cohort: int | None = None) -> list[dict[str, Any]]:

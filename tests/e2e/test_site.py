@@ -407,7 +407,7 @@ def test_control_plane_refuses_clients_without_credentials(site: Site, request: 
     assert not refusals, f"NATS refused the deployment's own Dynamo clients: {refusals}"
     etcd = plan["infra"]["etcd_endpoints"].split(",")[0]
     assert etcd.startswith("https://"), etcd
-    forged = f"/shadowline/{DEPLOYMENT}/slots/0"
+    forged = f"/shadowline/{DEPLOYMENT}/replicas/0/slots/0"
     secrets_dir = plan["security"]["dir"]
     tls = f"--cacert={secrets_dir}/ca.crt --cert={secrets_dir}/etcd-client.crt --key={secrets_dir}/etcd-client.key"
     rc, output = host_rc("node1", f"etcdctl --endpoints={etcd} {tls} --command-timeout=5s put {forged} forged")

@@ -123,12 +123,12 @@ def test_one_call_over_members_that_never_answer_ends_at_its_deadline():
 def test_the_feed_resyncs_after_its_watch_revision_was_compacted(etcd_server):
     """Row 5 in small: the feed's watch revision is compacted away; it reads the view again and watches on."""
     etcd = Etcd(etcd_server.url)
-    keys = Keys("resync")
+    keys = Keys("resync", 0)
     for generation in range(1, 6):
         etcd.put(keys.slot(0), Slot(cohort=0, generation=generation, state="running").to_json())
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
-    feed = EtcdFeed(Etcd(etcd_server.url), keys, "node0", frozenset({0}), 5, 60.0, wake_w)  # no periodic read
+    feed = EtcdFeed(Etcd(etcd_server.url), keys, "node0", ("node0",), frozenset({0}), 5, 60.0, wake_w)  # no periodic read
     try:
         feed.read()
         first = feed.take().view
@@ -166,10 +166,10 @@ def test_a_declaration_whose_answer_was_cut_short_is_known_as_ours(etcd_server, 
     proxy = CuttingProxy(target_of(etcd_server.url), every=1, only=b"/v3/kv/txn")
     deployment = f"cut-declare-{members}"
     try:
-        Coordination(Etcd(etcd_server.url), deployment).create_slot(Slot(cohort=0, generation=3, state=RUNNING))
+        Coordination(Etcd(etcd_server.url), deployment, 0).create_slot(Slot(cohort=0, generation=3, state=RUNNING))
         endpoints = [proxy.url] if members == "one" else [proxy.url, etcd_server.url]
         # bounds a loaded CI machine's etcd (an fsync behind other I/O) stays within: the call must fail by the cut
-        coord = Coordination(Etcd(endpoints, timeout=5.0, deadline=12.0), deployment)
+        coord = Coordination(Etcd(endpoints, timeout=5.0, deadline=12.0), deployment, 0)
         declared = coord.declare_failed(0, 3, "rank-exited", "node2")
         assert declared is not None and declared.state == FAILED and declared.detected_by == "node2"
         assert proxy.count >= 1, "the proxy cut no answer"
@@ -182,7 +182,7 @@ def test_a_declaration_whose_answer_was_cut_short_is_known_as_ours(etcd_server, 
 def test_a_declaration_starts_from_the_view_and_survives_a_stale_one(etcd_server):
     """The hot path: the agent's view gives the slot and its revision, one compare-and-swap declares; a stale view
     (the slot changed since) falls back to reading it; a view of a newer generation declares nothing twice."""
-    coord = Coordination(Etcd(etcd_server.url), "declare-known")
+    coord = Coordination(Etcd(etcd_server.url), "declare-known", 0)
     try:
         coord.create_slot(Slot(cohort=0, generation=3, state=RUNNING))
         fresh = coord.slot(0)

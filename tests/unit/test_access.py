@@ -55,7 +55,7 @@ def test_wrong_password_is_refused(secured: str):
 
 
 def test_agent_writes_slots_engine_cannot(secured: str):
-    agent = Coordination(Etcd(secured, auth=EtcdAuth(AGENT, PASSWORDS[AGENT])), "unit")
+    agent = Coordination(Etcd(secured, auth=EtcdAuth(AGENT, PASSWORDS[AGENT])), "unit", 0)
     assert agent.create_slot(Slot(cohort=0, generation=1, state=RUNNING))
     engine = Etcd(secured, auth=EtcdAuth(DYNAMO, PASSWORDS[DYNAMO]))
     with pytest.raises(EtcdError, match="permission denied"):

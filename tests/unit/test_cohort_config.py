@@ -72,7 +72,7 @@ def test_the_digest_is_read_back_from_a_units_environment_and_a_dropin():
 def test_a_slot_carries_its_configuration_and_an_older_record_without_one_still_reads():
     slot = Slot(cohort=1, generation=4, state=LAUNCHING, config=NEW)
     data = json.loads(slot.to_json())
-    assert data["schema"] == SLOT_SCHEMA == 2 and data["config"] == NEW
+    assert data["schema"] == SLOT_SCHEMA == 3 and data["config"] == NEW and data["replica"] == 0
     assert Slot.parse(slot.to_json()) == slot
     old = {"schema": 1, "cohort": 1, "generation": 4, "state": "running"}
     assert Slot.parse(json.dumps(old)).config == ""
@@ -81,7 +81,7 @@ def test_a_slot_carries_its_configuration_and_an_older_record_without_one_still_
 
 
 def test_rank_records_are_parsed_into_the_view_and_broken_ones_ignored():
-    keys = Keys("demo")
+    keys = Keys("demo", 0)
     good = KV(keys.rank(1, "node2"), RankRecord(4, NEW, 77, PRESENT["node2"]).to_json().encode(), 5, 5, 0)
     older = KV(keys.rank(0, "node2"), json.dumps({"generation": 3, "config": OLD, "pid": 5}).encode(), 5, 5, 0)
     bad = KV(keys.rank(1, "node1"), b"{}", 6, 6, 0)

@@ -17,7 +17,7 @@ from tests.loopback import start_etcd
 def coord(tmp_path: Path):
     etcd = start_etcd(tmp_path)
     try:
-        yield Coordination(Etcd(etcd.url), "unit")
+        yield Coordination(Etcd(etcd.url), "unit", 0)
     finally:
         etcd.stop()
 

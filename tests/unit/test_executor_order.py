@@ -75,9 +75,9 @@ def test_a_dead_rank_is_declared_and_confirmed_before_its_unit_is_stopped(
     server = start_etcd(tmp_path)
     try:
         etcd = Etcd(server.url)
-        keys = Keys(plan.deployment)
+        keys = Keys(plan.deployment, 0)
         cohort, generation = 1, 3
-        assert Coordination(etcd, plan.deployment).create_slot(Slot(cohort, generation, RUNNING))
+        assert Coordination(etcd, plan.deployment, 0).create_slot(Slot(cohort, generation, RUNNING))
         calls = tmp_path / "systemctl.log"
         bindir = tmp_path / "bin"
         bindir.mkdir()
@@ -176,7 +176,7 @@ def test_every_notice_of_a_gpu_fault_is_sent_before_its_first_compare_and_swap(t
     sleepers = [subprocess.Popen(["sleep", "60"]) for cohort in (0, 1)]  # the node's two ranks, on the faulty GPU
     try:
         etcd = Etcd(server.url)
-        coord = Coordination(etcd, plan.deployment)
+        coord = Coordination(etcd, plan.deployment, 0)
         ranks = []
         for cohort, process in enumerate(sleepers):
             assert coord.create_slot(Slot(cohort, 3, RUNNING))

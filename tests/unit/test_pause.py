@@ -55,7 +55,7 @@ def test_a_held_decision_says_what_and_why_and_the_pause():
 
 
 def test_the_pause_record_is_in_the_view_whatever_its_spelling():
-    keys = Keys("demo")
+    keys = Keys("demo", 0)
 
     def view_of(value: bytes) -> DeploymentView:
         return parse_view(keys, [KV(keys.paused(), value, 3, 3, 0)], frozenset({0, 1}))
@@ -73,7 +73,7 @@ def test_the_executor_holds_a_declaration_while_paused_and_makes_it_once_resumed
     server = start_etcd(tmp_path)
     try:
         etcd = Etcd(server.url)
-        coord = Coordination(etcd, plan.deployment)
+        coord = Coordination(etcd, plan.deployment, 0)
         assert coord.create_slot(Slot(1, 4, RUNNING))
         events_path = tmp_path / "events.jsonl"
         executor = node_executor(plan, hosts[0], etcd, EventLog(str(events_path), hosts[0], journal=None),
@@ -102,7 +102,7 @@ def test_pausing_twice_keeps_the_first_record_and_resuming_removes_it(tmp_path: 
     try:
         monkeypatch.setattr(failover, "etcd_for", lambda _plan: Etcd(server.url))
         assert failover.set_paused(plan, True, "switch firmware", "alice", check=True)["changed"]
-        assert Etcd(server.url).get(Keys(plan.deployment).paused()) is None, "check mode wrote the record"
+        assert Etcd(server.url).get(Keys(plan.deployment, 0).paused()) is None, "check mode wrote the record"
         first = failover.set_paused(plan, True, "switch firmware", "alice")
         assert first["changed"] and first["before"] is None and first["after"]["by"] == "alice"
         again = failover.set_paused(plan, True, "another reason", "bob")

@@ -53,7 +53,7 @@ def kv(key: str, value: str | bytes, revision: int) -> KV:
 
 
 def test_the_view_keeps_good_slots_and_names_the_bad_ones():
-    keys = Keys("demo")
+    keys = Keys("demo", 0)
     kvs = [kv(keys.slot(0), Slot(0, 2, "running").to_json(), 5),
            kv(keys.slot(1), b"garbage", 6),
            kv(keys.slot(2), Slot(1, 1, "running").to_json(), 7),  # says cohort 1 under cohort 2's key

@@ -1,22 +1,31 @@
 """How the node agents agree, through the deployment's etcd (no consensus of our own).
 
-Keys, under ``/shadowline/<deployment>/``:
+Keys (record schema 3: docs/fleet-design.md). A replica's records, under ``/shadowline/<deployment>/replicas/<q>/``
+(a deployment of one replica has replica 0):
 
-- ``agents/<host>``: an agent's presence, on its lease; gone when the agent is gone for a lease TTL. It names the
-  agent's instance (``agent_instance``: one per agent process), which the agent's rank records carry too.
 - ``slots/<cohort>``: the cohort slot's record (``Slot``): its generation and state. Every state change is a
   compare-and-swap on the key's mod revision, so two agents can never both declare a generation failed or
   both relaunch it.
 - ``gone/<cohort>/<generation>/<host>``: an agent's confirmation that its ranks of that generation are gone.
 - ``active``: the serving cohort and generation, recorded when a promotion is verified.
 - ``paused``: automatic failover paused by an operator (``{by, since, reason}``; control/pause.py): the agents
-  declare nothing and the driver changes no slot until it is removed.
-- ``gms_lost/<host>``: a node whose GMS server died (its weights are no longer resident for new imports).
+  declare nothing and the driver changes no slot until it is removed (a deployment's pause is one per replica).
 - ``ranks/<cohort>/<host>``: the generation of the cohort's rank on that node and the configuration digest it
   runs (``RankRecord``), written by the node's agent when it starts or adopts the rank: the driver finds a
   generation whose ranks run two configurations (a mixed cohort) from them, counting only the records of the
   node's present agent (a record left by an agent that stopped says nothing of what runs there now: an upgrade
   restarts ranks while the agents are stopped).
+
+A node's own records, under ``/shadowline/<deployment>/`` (whatever replica the node serves):
+
+- ``agents/<host>``: an agent's presence, on its lease; gone when the agent is gone for a lease TTL. It names the
+  agent's instance (``agent_instance``: one per agent process), which the agent's rank records carry too.
+- ``gms_lost/<host>``: a node whose GMS server died (its weights are no longer resident for new imports).
+- ``fenced/<host>``: a node whose GPU needs a reset or service (its agent writes it; an operator removes it).
+
+An agent watches its replica's prefix and reads, in one transaction, that prefix and its replica's nodes' own
+records (view.read_view): the work of one failure is its replica's, whatever the fleet's size. Schema 2 kept a
+replica's records directly under the deployment's prefix; common/schema2.py moves them to replica 0.
 
 Slot states: ``running`` (the generation's ranks run), ``failed`` (declared failed: every agent kills its
 ranks of that generation), ``launching`` (every agent starts its rank of the new generation, not before
@@ -30,14 +39,15 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from .etcd_client import KV, Etcd, EtcdError
 
 RUNNING, FAILED, LAUNCHING, DEAD = "running", "failed", "launching", "dead"
 STATES = (RUNNING, FAILED, LAUNCHING, DEAD)
-SLOT_SCHEMA = 2  # the slot record's version; a writer that adds or changes a field raises it (2: config)
+ONE_REPLICA = 0  # a deployment of one replica: schema 2's records are its; the operator's commands act on it
+SLOT_SCHEMA = 3  # the slot record's version; a writer that adds or changes a field raises it (2: config; 3: replica)
 
 
 class RecordInvalid(ValueError):
@@ -59,6 +69,7 @@ class Slot:
     not_before: float = 0.0  # launching: start ranks no earlier than this (backoff); kept while it runs
     detected_by: str = ""
     config: str = ""  # the cohort configuration its ranks start from (units.cohort_config); "": any (schema 1)
+    replica: int = 0  # the replica whose slot it is (its key's; schema 2 had one replica)
 
     def to_json(self) -> str:
         return json.dumps({"schema": SLOT_SCHEMA, **asdict(self)}, sort_keys=True)
@@ -86,7 +97,7 @@ class Slot:
         missing = sorted({"cohort", "generation", "state"} - set(data))
         if missing:
             raise RecordInvalid(f"fields {missing} are missing")
-        for name in ("cohort", "generation", "attempts"):
+        for name in ("cohort", "generation", "attempts", "replica"):
             if name in data and not (is_int(data[name]) and data[name] >= (1 if name == "generation" else 0)):
                 raise RecordInvalid(f"{name} is {data[name]!r}, not a whole number in range")
         for name in ("since", "not_before"):
@@ -115,16 +126,24 @@ def is_finite(value: Any) -> bool:
 
 
 class Keys:
-    """The keys of one deployment (``replica`` None: today's layout, every key as the module's docstring lists
-    them), or of one replica of a fleet (docs/fleet-design.md, schema 3): the replica's records (``slots``,
-    ``gone``, ``ranks``, ``active``, ``paused``) under ``replicas/<replica>/``, a node's own (``agents``,
-    ``gms_lost``, ``fenced``) deployment-wide. ``root`` is the prefix an agent watches and reads its view from
-    (its replica's with a replica); ``deployment_root`` the deployment's, either way."""
+    """The keys of one replica of a deployment (the module's docstring lists them): its records under
+    ``replicas/<replica>/``, a node's own (``agents``, ``gms_lost``, ``fenced``) deployment-wide. ``root`` is the
+    prefix an agent watches and reads its replica's records from; ``deployment_root`` the deployment's. ``replica``
+    None: schema 2's layout, every record directly under the deployment's prefix (common/schema2.py moves it; the
+    fleet benchmark's anchor). The replica is never implied: every caller names it."""
 
-    def __init__(self, deployment: str, replica: int | None = None) -> None:
+    def __init__(self, deployment: str, replica: int | None) -> None:
         self.deployment_root = f"/shadowline/{deployment}/"
         self.replica = replica
         self.root = self.deployment_root if replica is None else f"{self.deployment_root}replicas/{replica}/"
+
+    def node_keys(self, hosts: list[str] | tuple[str, ...]) -> list[str]:
+        """Each node's own records (presence, GMS lost, fenced): what a replica's view reads of its nodes."""
+        return [key for host in hosts for key in (self.agent(host), self.gms_lost(host), self.fenced(host))]
+
+    def holds(self, slot: Slot, key: str) -> bool:
+        """Whether ``slot`` is the record its ``key`` may hold: its own cohort's key, of its own replica."""
+        return key == self.slot(slot.cohort) and slot.replica == (self.replica or 0)
 
     def agent(self, host: str) -> str:
         return f"{self.deployment_root}agents/{host}"
@@ -165,9 +184,9 @@ class Keys:
 class Coordination:
     """Slot transitions as etcd transactions."""
 
-    def __init__(self, etcd: Etcd, deployment: str) -> None:
+    def __init__(self, etcd: Etcd, deployment: str, replica: int) -> None:
         self.etcd = etcd
-        self.keys = Keys(deployment)
+        self.keys = Keys(deployment, replica)
 
     def slot(self, cohort: int) -> tuple[Slot | None, int]:
         """The slot record and its mod revision (0 when absent); an unreadable record reads as none (its
@@ -179,7 +198,7 @@ class Coordination:
             slot = Slot.from_kv(kv)
         except RecordInvalid:
             return None, kv.mod_revision
-        return (slot, kv.mod_revision) if slot.cohort == cohort else (None, kv.mod_revision)
+        return (slot, kv.mod_revision) if self.keys.holds(slot, kv.key) else (None, kv.mod_revision)
 
     def slots(self) -> dict[int, tuple[Slot, int]]:
         """Every readable slot record (unreadable ones are left out: the agents report them)."""
@@ -189,16 +208,20 @@ class Coordination:
                 slot = Slot.from_kv(kv)
             except RecordInvalid:
                 continue
-            if kv.key == self.keys.slot(slot.cohort):
+            if self.keys.holds(slot, kv.key):
                 result[slot.cohort] = (slot, kv.mod_revision)
         return result
 
+    def record(self, slot: Slot) -> str:
+        """The slot as written under this replica's key: it names the replica (whatever its writer left)."""
+        return replace(slot, replica=self.keys.replica or 0).to_json()
+
     def create_slot(self, slot: Slot) -> bool:
-        return self.etcd.txn_put_if_absent(self.keys.slot(slot.cohort), slot.to_json())
+        return self.etcd.txn_put_if_absent(self.keys.slot(slot.cohort), self.record(slot))
 
     def swap(self, slot: Slot, mod_revision: int) -> bool:
         """Write ``slot`` only if nobody changed the key since ``mod_revision``."""
-        return self.etcd.txn_compare_and_swap(self.keys.slot(slot.cohort), mod_revision, slot.to_json())
+        return self.etcd.txn_compare_and_swap(self.keys.slot(slot.cohort), mod_revision, self.record(slot))
 
     def declare_failed(self, cohort: int, generation: int, reason: str, host: str,
                        known: tuple[Slot, int] | None = None) -> Slot | None:
@@ -233,7 +256,7 @@ class Coordination:
         """Whether the slot's record is exactly ``slot`` (this caller's write, to the byte); EtcdError when etcd
         does not answer."""
         kv = self.etcd.get(self.keys.slot(slot.cohort))
-        return kv is not None and kv.value == slot.to_json().encode()
+        return kv is not None and kv.value == self.record(slot).encode()
 
     def confirm_gone(self, cohort: int, generation: int, host: str, when: float) -> None:
         self.etcd.put(self.keys.gone(cohort, generation, host), json.dumps({"time": when}))

@@ -274,6 +274,17 @@ class Etcd:
         answer = self._call("/v3/kv/range", body)
         return [_kv(item) for item in answer.get("kvs") or []], _revision(answer)
 
+    def read_at_once(self, prefixes: list[str], keys: list[str]) -> tuple[list[KV], int]:
+        """Every key under each of ``prefixes`` and each of ``keys`` (those that exist), read in one transaction:
+        all at one revision of the store, which it returns (a watch continues after it)."""
+        reads = [{"request_range": {**_range(p), "sort_target": "KEY", "sort_order": "ASCEND"}} for p in prefixes]
+        reads += [{"request_range": {"key": _b64(k)}} for k in keys]
+        answer = self._call("/v3/kv/txn", {"compare": [], "success": reads, "failure": []})
+        kvs = []
+        for response in answer.get("responses") or []:
+            kvs += [_kv(item) for item in (response.get("response_range") or {}).get("kvs") or []]
+        return kvs, _revision(answer)
+
     def put(self, key: str, value: str | bytes, lease: int = 0) -> int:
         """Write ``key``; returns the store's revision after the write."""
         body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
@@ -302,6 +313,13 @@ class Etcd:
             return self.txn_put_if_absent(key, value, lease)
         compare = {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(expected_mod_revision)}
         return self._txn(compare, key, value, lease)
+
+    def txn_delete_if_unchanged(self, key: str, mod_revision: int) -> bool:
+        """Delete ``key`` only if its mod_revision is still ``mod_revision``; True if this call deleted it."""
+        compare = {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}
+        answer = self._call("/v3/kv/txn", {"compare": [compare], "success": [{"request_delete_range": {
+            "key": _b64(key)}}], "failure": []})
+        return bool(answer.get("succeeded", False))
 
     def _txn(self, compare: dict[str, Any], key: str, value: str | bytes, lease: int) -> bool:
         put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}

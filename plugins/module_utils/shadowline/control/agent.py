@@ -63,7 +63,7 @@ class Agent:
         self.plan = plan
         self.host = host
         self.etcd = etcd
-        self.coord = Coordination(etcd, plan.deployment)
+        self.coord = Coordination(etcd, plan.deployment, plan.replica_of(host).id)
         self.is_driver = plan.node(host).rank == 0
         self.events = EventLog(plan.events_path, host, deployment=plan.deployment)
         self.metrics = AgentMetrics(plan.deployment, host, plan.cohort_ids, driver=self.is_driver,
@@ -80,7 +80,8 @@ class Agent:
         self.node = NodeDuties(plan, host, self.memory, self.execute)
         self.driver = DriverDuties(plan, host, self.memory, self.driver_memory,
                                    self.execute) if self.driver_memory is not None else None
-        self.feed = EtcdFeed(feed_etcd, self.coord.keys, host, frozenset(plan.cohort_ids),
+        self.feed = EtcdFeed(feed_etcd, self.coord.keys, host, plan.replica_of(host).members,
+                             frozenset(plan.cohort_ids),
                              int(plan.failover.agent_lease_ttl_s), CHECK_S if self.is_driver else SYNC_S, self.wake_w,
                              lease_etcd, self.memory.instance)
         self.gpu = GpuWatch(plan.engine.gpu_events, plan.state_dir, self.wake_w, plan.engine.gpu_event_source)

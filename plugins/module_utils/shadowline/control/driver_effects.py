@@ -44,11 +44,11 @@ from .probes import Probes
 
 
 class DriverEffects:
-    def __init__(self, plan: Plan, etcd: Etcd, events: EventLog, metrics: AgentMetrics, node: NodeMemory,
-                 probes: Probes) -> None:
+    def __init__(self, plan: Plan, host: str, etcd: Etcd, events: EventLog, metrics: AgentMetrics,  # noqa: PLR0913 (the driver's node, its store and what it reports to)
+                 node: NodeMemory, probes: Probes) -> None:
         self.plan = plan
         self.etcd = etcd
-        self.coord = Coordination(etcd, plan.deployment)
+        self.coord = Coordination(etcd, plan.deployment, plan.replica_of(host).id)
         self.events = events
         self.metrics = metrics
         self.node = node  # the driver node's own memory: a relaunch's detection time, the promoted rank's cgroup

@@ -120,7 +120,7 @@ class Executor:
         self.schedule = schedule
         self.probes = Probes(plan, wake_fd)  # the looks in threads of their own; their answers come back by queue
         self.node_side = NodeEffects(plan, host, etcd, events, metrics, node, self.probes)
-        self.driver_side = DriverEffects(plan, etcd, events, metrics, node, self.probes)
+        self.driver_side = DriverEffects(plan, host, etcd, events, metrics, node, self.probes)
         self.view: DeploymentView | None = None  # the agent's latest view: a declaration's compare-and-swap starts there
         self.faults_reported: dict[tuple[str, int | None, str], float] = {}  # ReportFault's last line, by look and error
         self.notifier = notifier  # tells the other nodes' agents of a declaration directly (failure_notices.py)

@@ -29,7 +29,7 @@ from typing import Any
 from ..cluster.access import etcd_for
 from ..cluster.cohort_state import lock_holder
 from ..cluster.discovery import cohort_registrations, deroute, reroute, revoke_leases
-from ..common.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Keys, Slot
+from ..common.coordination import DEAD, FAILED, LAUNCHING, ONE_REPLICA, RUNNING, Coordination, Keys, Slot
 from ..common.etcd_client import KV, Etcd, EtcdError
 from ..common.events import read_events
 from ..common.lock import parse_holder
@@ -69,7 +69,7 @@ def plan_failover(plan: Plan, cohort: int, mode: str) -> dict[str, Any]:
     if not plan.has_cohort(cohort):
         raise FailoverError(f"cohort {cohort} is not in the plan (cohorts 0..{len(plan.cohorts) - 1})")
     try:
-        coord = Coordination(etcd_for(plan), plan.deployment)
+        coord = Coordination(etcd_for(plan), plan.deployment, ONE_REPLICA)
         slots = coord.slots()
     except EtcdError as err:
         raise FailoverError(f"etcd does not answer: {err}") from None
@@ -248,7 +248,7 @@ def unfence(plan: Plan, node: str, check: bool = False) -> dict[str, Any]:
         raise FailoverError(f"unfence={node}: not a node of deployment {plan.deployment} "
                             f"(nodes: {', '.join(plan.hosts)})")
     try:
-        coord = Coordination(etcd_for(plan), plan.deployment)
+        coord = Coordination(etcd_for(plan), plan.deployment, plan.replica_of(node).id)
         kv = coord.etcd.get(coord.keys.fenced(node))
         if kv is None:
             return {"changed": False, "fence": None}
@@ -266,18 +266,23 @@ def unfence(plan: Plan, node: str, check: bool = False) -> dict[str, Any]:
 def set_paused(plan: Plan, paused: bool, reason: str = "", by: str = "", check: bool = False) -> dict[str, Any]:
     """Pause automatic failover (the ``paused`` key: control/pause.py) or resume it. Returns {changed, before
     (the pause record that was there, or None), after}; ``check``: change nothing. Pausing again keeps the first
-    record (its time and reason): a pause is one maintenance window until it is resumed."""
+    record (its time and reason): a pause is one maintenance window until it is resumed. A deployment's pause is
+    one record per replica (each replica's agents read their own): written and removed for every replica."""
     try:
-        etcd, key = etcd_for(plan), Keys(plan.deployment).paused()
-        before = _pause_in(etcd, key)
-        if paused and before is None:
-            after: dict[str, Any] | None = {"by": by, "since": time.time(), "reason": reason}
+        etcd = etcd_for(plan)
+        keys = [Keys(plan.deployment, replica.id).paused() for replica in plan.replicas]
+        records = {key: _pause_in(etcd, key) for key in keys}
+        before = next((r for r in records.values() if r is not None), None)
+        if paused and any(r is None for r in records.values()):
+            after: dict[str, Any] | None = before or {"by": by, "since": time.time(), "reason": reason}
             if not check:
-                etcd.put(key, json.dumps(after))
+                for key in (k for k, r in records.items() if r is None):
+                    etcd.put(key, json.dumps(after))
         elif not paused and before is not None:
             after = None
             if not check:
-                etcd.delete(key)
+                for key in (k for k, r in records.items() if r is not None):
+                    etcd.delete(key)
         else:
             return {"changed": False, "before": before, "after": before}
     except EtcdError as err:
@@ -286,9 +291,12 @@ def set_paused(plan: Plan, paused: bool, reason: str = "", by: str = "", check: 
 
 
 def paused_record(plan: Plan) -> dict[str, Any] | None:
-    """The deployment's pause record (control/pause.py), None while automatic failover runs."""
+    """The deployment's pause record (control/pause.py: the first replica's that has one), None while automatic
+    failover runs in every replica."""
     try:
-        return _pause_in(etcd_for(plan), Keys(plan.deployment).paused())
+        etcd = etcd_for(plan)
+        records = (_pause_in(etcd, Keys(plan.deployment, replica.id).paused()) for replica in plan.replicas)
+        return next((r for r in records if r is not None), None)
     except EtcdError as err:
         raise FailoverError(f"etcd does not answer: {err}") from None
 

@@ -2,11 +2,14 @@
 (the loop kills local ranks at once and writes to etcd only when it has something to say).
 
 The feed keeps the agent's presence (``agents/<host>`` on a lease: registered again after the lease expired) in a
-thread of its own, so that a slow answer to a read never lets the lease expire, and in another it watches the
-deployment's prefix and reads its view (one range read, view.py) when the watch says something changed or every
+thread of its own, so that a slow answer to a read never lets the lease expire, and in another it watches its
+replica's prefix and reads its view (one transaction, view.py) when the watch says something changed or every
 ``period_s``. The loop takes what arrived with ``take()``: the latest view, the slot records the
 watch delivered since (the hot path: a declared failure is torn down from the event itself), whether etcd
 answers, and notices for the event log.
+
+Before its first view, an agent of replica 0 moves schema 2's records there (common/schema2.py): a deployment
+upgraded from it finds its slots where its agents now read them.
 
 A watch whose revision etcd compacted away is cancelled by etcd; the feed then reads the view again and watches on
 from its revision (nothing is missed: the view holds every key as of that revision).
@@ -23,6 +26,7 @@ from typing import Any
 
 from ..common.coordination import Keys, RecordInvalid, Slot
 from ..common.etcd_client import Etcd, EtcdError
+from ..common.schema2 import move_schema2
 from ..common.wakeup import wake
 from .view import DeploymentView, read_view
 
@@ -46,13 +50,15 @@ class FeedNews:
 
 
 class EtcdFeed:
-    def __init__(self, etcd: Etcd, keys: Keys, host: str, cohorts: frozenset[int], lease_ttl_s: int,  # noqa: PLR0913 (over the size limits of pyproject.toml; split it when it changes next)
-                 period_s: float, wake_fd: int, lease_etcd: Etcd | None = None, instance: str = "") -> None:
+    def __init__(self, etcd: Etcd, keys: Keys, host: str, members: tuple[str, ...], cohorts: frozenset[int],  # noqa: PLR0913 (over the size limits of pyproject.toml; split it when it changes next)
+                 lease_ttl_s: int, period_s: float, wake_fd: int, lease_etcd: Etcd | None = None,
+                 instance: str = "") -> None:
         self.etcd = etcd
         self.instance = instance  # the agent's (coordination.agent_instance), named in its presence record
         self.lease_etcd = lease_etcd or etcd
         self.keys = keys
         self.host = host
+        self.members = members  # the replica's nodes: the view reads their own records (presence, GMS, fence)
         self.cohorts = cohorts
         self.lease_ttl_s = lease_ttl_s
         self.period_s = period_s
@@ -64,6 +70,7 @@ class EtcdFeed:
         self.next_read = 0.0
         self._lock = threading.Lock()
         self._news = FeedNews()
+        self.schema2_moved = keys.replica != 0  # replica 0's agents move schema 2's records before the first view
 
     def start(self) -> threading.Thread:
         threading.Thread(target=self.keep_lease, name="etcd-lease", daemon=True).start()
@@ -147,7 +154,13 @@ class EtcdFeed:
         return max(0.2, self.lease_ttl_s / 3)
 
     def read(self) -> None:
-        view = read_view(self.etcd, self.keys, self.cohorts)
+        if not self.schema2_moved:
+            moved = move_schema2(self.etcd, self.keys)
+            self.schema2_moved = True
+            if moved.copied or moved.removed:
+                self.notice("records-moved", copied=len(moved.copied), removed=moved.removed,
+                            to=self.keys.root, records=list(moved.copied[:20]))
+        view = read_view(self.etcd, self.keys, self.cohorts, self.members)
         self.revision = view.revision
         self.next_read = time.monotonic() + self.period_s
         with self._lock:

@@ -53,7 +53,7 @@ class NodeEffects:
         self.plan = plan
         self.host = host
         self.etcd = etcd
-        self.coord = Coordination(etcd, plan.deployment)
+        self.coord = Coordination(etcd, plan.deployment, plan.replica_of(host).id)
         self.events = events
         self.metrics = metrics
         self.node = node

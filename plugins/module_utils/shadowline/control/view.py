@@ -1,6 +1,7 @@
-"""What the agent knows at one tick: one range read of the deployment's etcd prefix, parsed into a typed view,
-and the clock. Decisions (node_duties.py, driver_duties.py) read only these, the node's observations and the
-agent's memory; they never read etcd themselves."""
+"""What the agent knows at one tick: one read of its replica's records and its replica's nodes' own (one etcd
+transaction, one revision: common/coordination.py lists the keys), parsed into a typed view, and the clock.
+Decisions (node_duties.py, driver_duties.py) read only these, the node's observations and the agent's memory; they
+never read etcd themselves."""
 
 from __future__ import annotations
 
@@ -68,9 +69,9 @@ class DeploymentView:
 
 
 def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int = 0) -> DeploymentView:
-    """The typed view of the deployment's keys (see coordination.py). A slot record that does not parse, or
-    names a cohort the plan does not have, lands in ``invalid`` (the agent reports it and acts on nothing in it);
-    other unknown or broken keys are skipped."""
+    """The typed view of a replica's keys and its nodes' own (see coordination.py). A slot record that does not
+    parse, names a cohort the plan does not have or another replica, lands in ``invalid`` (the agent reports it
+    and acts on nothing in it); other unknown or broken keys are skipped."""
     slots: dict[int, SlotEntry] = {}
     active: Active | None = None
     agent_instances: dict[str, str] = {}  # its keys: the nodes whose agent holds its lease
@@ -81,14 +82,13 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
     ranks: dict[int, dict[str, RankRecord]] = {}
     paused = next((pause_record(kv.value) for kv in kvs if kv.key == keys.paused()), None)
     for kv in kvs:
-        if not kv.key.startswith(keys.root):
-            continue
-        parts = kv.key[len(keys.root):].split("/")
+        parts = record_path(keys, kv.key)
         try:
             if parts[0] == "slots" and len(parts) == 2:
                 slot = Slot.from_kv(kv)
-                if kv.key != keys.slot(slot.cohort):
-                    raise RecordInvalid(f"the record says cohort {slot.cohort}, its key another")
+                if not keys.holds(slot, kv.key):
+                    raise RecordInvalid(f"the record says cohort {slot.cohort} of replica {slot.replica}, its key "
+                                        "another")
                 if slot.cohort not in cohorts:
                     raise RecordInvalid(f"cohort {slot.cohort} is not in the plan (cohorts {sorted(cohorts)})")
                 slots[slot.cohort] = SlotEntry(slot, kv.mod_revision)
@@ -117,6 +117,17 @@ def parse_view(keys: Keys, kvs: list[KV], cohorts: frozenset[int], revision: int
                           gms_lost=gms_lost, gone=gone, invalid=invalid, fenced=fenced, ranks=ranks, paused=paused)
 
 
+def record_path(keys: Keys, key: str) -> list[str]:
+    """The parts of ``key`` after its prefix: a replica record's after the replica's (``slots``, ``gone``...), a
+    node's own after the deployment's (``agents``, ``gms_lost``, ``fenced``); [""] for any other key."""
+    node_records = ("agents/", "gms_lost/", "fenced/")
+    if key.startswith(keys.root):
+        return key[len(keys.root):].split("/")
+    if key.startswith(keys.deployment_root) and key[len(keys.deployment_root):].startswith(node_records):
+        return key[len(keys.deployment_root):].split("/")
+    return [""]
+
+
 def pause_record(value: bytes) -> dict:
     """The pause record; any value at all pauses (an operator's intent is never ignored for its spelling)."""
     try:
@@ -136,7 +147,12 @@ def presence_instance(value: bytes) -> str:
     return instance if isinstance(instance, str) else ""
 
 
-def read_view(etcd: Etcd, keys: Keys, cohorts: frozenset[int]) -> DeploymentView:
-    """One range read of the deployment's prefix (raises EtcdError when etcd does not answer)."""
-    kvs, revision = etcd.range_prefix(keys.root)
+def read_view(etcd: Etcd, keys: Keys, cohorts: frozenset[int], hosts: tuple[str, ...]) -> DeploymentView:
+    """One transaction: the replica's prefix and the own records of ``hosts`` (the replica's nodes), at one
+    revision (raises EtcdError when etcd does not answer). Schema 2's layout (``keys.replica`` None) is one
+    prefix read, as it was."""
+    if keys.replica is None:
+        kvs, revision = etcd.range_prefix(keys.root)
+    else:
+        kvs, revision = etcd.read_at_once([keys.root], keys.node_keys(hosts))
     return parse_view(keys, kvs, cohorts, revision)
