@@ -1,6 +1,6 @@
 """A multi-host testbed on one machine: N hosts with systemd, sshd and (optionally) Slurm.
 
-The command line of testbed/testbed.py: install-packages | up [--nodes N] [--slurm] | status | exec HOST -- CMD...
+The command line of testbed/testbed.py: install-packages | up [--nodes N] [--replicas R] [--slurm] | status | exec HOST -- CMD...
 | down | leaks. See docs/testbed.md."""
 
 from __future__ import annotations
@@ -37,11 +37,14 @@ def print_table(rows: list[list[str]]) -> None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     already = load_journal() is not None
-    state = up(args.nodes, args.slurm, args.keep_on_failure)
+    state = up(args.nodes, args.slurm, args.keep_on_failure, args.replicas)
     if already:
         print(f"testbed already up with {state.nodes} hosts (slurm {'on' if state.slurm else 'off'}): healthy")
     else:
         print(f"booted {state.nodes} hosts (slurm {'on' if state.slurm else 'off'}) in {state.boot_seconds:.2f} s")
+    if state.replicas > 1:
+        print(f"inventory: {state.replicas} replicas of {state.nodes // state.replicas} hosts (gms_replica, "
+              "gms_replica_rank)")
         print("  " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in state.phases.items()))
     print_table(status_rows(state))
     print(f"inventory: {INVENTORY}")
@@ -99,6 +102,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     sub.add_parser("install-packages", help="apt-get install what the hosts need").set_defaults(func=cmd_install)
     p_up = sub.add_parser("up", help="boot the hosts (or check a running testbed)")
     p_up.add_argument("--nodes", type=int, default=3, help=f"number of hosts, 1..{MAX_NODES} (default 3)")
+    p_up.add_argument("--replicas", type=int, default=1,
+                      help="the inventory's deployment: this many replicas of nodes/replicas hosts (default 1)")
     p_up.add_argument("--slurm", action="store_true", help="munge + slurmctld on node0 + slurmd everywhere")
     p_up.add_argument("--keep-on-failure", action="store_true", help="leave a failed boot in place to debug")
     p_up.set_defaults(func=cmd_up)

@@ -39,7 +39,13 @@ def inventory_text(state: State) -> str:
         "    gms_nodes:",
         "      hosts:",
     ]
-    lines += [f"        {h.name}: {{ansible_host: {h.address}, gms_node_rank: {h.index}}}" for h in state.hosts]
+    if state.replicas > 1:  # a fleet (docs/fleet-design.md): each host names its replica and its rank there
+        size = state.nodes // state.replicas
+        lines.insert(lines.index("  children:"), f"    testbed_replica_nodes: {size}  # one replica's hosts: its TP")
+        lines += [f"        {h.name}: {{ansible_host: {h.address}, gms_replica: {h.index // size}, "
+                  f"gms_replica_rank: {h.index % size}}}" for h in state.hosts]
+    else:
+        lines += [f"        {h.name}: {{ansible_host: {h.address}, gms_node_rank: {h.index}}}" for h in state.hosts]
     if state.slurm:
         compute = ", ".join(f"{h.name}: {{}}" for h in state.hosts)
         lines += [f"    slurm_controller: {{hosts: {{{state.hosts[0].name}: {{}}}}}}",
@@ -62,7 +68,7 @@ def write_outputs(state: State) -> None:
     if INSTANCE and not link.is_symlink():
         link.symlink_to(GROUP_VARS)
     public = {
-        "nodes": state.nodes, "slurm": state.slurm, "boot_seconds": state.boot_seconds,
+        "nodes": state.nodes, "replicas": state.replicas, "slurm": state.slurm, "boot_seconds": state.boot_seconds,
         "key": str(KEY_FILE), "inventory": str(INVENTORY),
         "hosts": [{"name": h.name, "address": h.address, "pid": h.pid, "rank": h.index} for h in state.hosts],
     }

@@ -42,6 +42,7 @@ class State:
     nodes: int
     slurm: bool
     hosts: list[Host]
+    replicas: int = 1  # the deployment the inventory describes: this many replicas of nodes/replicas hosts each
     boot_seconds: float | None = None
     phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds since the start of up
     run_netns_created: bool = False  # by our `ip netns add`: down() removes /run/netns again

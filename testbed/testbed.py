@@ -4,7 +4,7 @@
 Each host is a network namespace on a private bridge, an overlay of the machine's root and systemd as PID 1 of
 its own PID, mount, UTS, IPC and cgroup namespaces.  See docs/testbed.md for the design and the measured figures.
 
-Run as root:  testbed.py install-packages | up [--nodes N] [--slurm] | status | exec HOST -- CMD... | down | leaks
+Run as root:  testbed.py install-packages | up [--nodes N] [--replicas R] [--slurm] | status | exec HOST -- CMD... | down | leaks
 
 Importable too (``import testbed.testbed as tb``): up(nodes, slurm) -> State, down(), leaks() -> list[str],
 exec_in(host, argv, **kw), and every name below. This file is the entry point and the one namespace of the

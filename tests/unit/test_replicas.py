@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from shadowline.cli import plan_lines
+from shadowline.control.failure_notices import sender_node
+from shadowline.control.metrics_server import Peer
 from shadowline.deployment.contract import parse_contract
 from shadowline.deployment.plan import Plan
 from shadowline.deployment.plan_builder import build_plan
@@ -234,3 +236,26 @@ def test_shadowline_plan_prints_a_fleet_replica_by_replica_and_one_replica_as_be
     assert not any(line.startswith(("fleet", "replica")) for line in one)
     assert one[2] == "cohort 0 (primary, ENGINE_ID=0) master 29500 system 8080 nixl 8280"
     assert one[3].startswith("  node0 rank 0 (leader): ")
+
+
+def test_a_replicas_agents_drive_tell_and_hear_their_own_replica_only():
+    """Plan.for_replica: what a replica's agents are given (control/agent.py): its nodes, its ranks of every
+    cohort, its GMS servers, its lock and leader; the deployment's infra and settings; its number kept for the
+    records' keys. Notices are taken from its own nodes only."""
+    plan = fleet_plan(gms_insecure=True)
+    own = plan.for_replica(1)
+    assert own.hosts == ["node2", "node3"] and [n.rank for n in own.nodes] == [0, 1]
+    assert own.leader_node.host == "node2" and own.cohort(0).leader.host == "node2"
+    assert [r.host for c in own.cohorts for r in c.ranks] == ["node2", "node3", "node2", "node3"]
+    assert [p.host for p in own.gms_servers] == ["node2", "node3"] and own.lock_path == plan.replica(1).lock_path
+    assert [r.id for r in own.replicas] == [1] and own.replica(1) == plan.replica(1) and not own.fleet
+    assert own.infra == plan.infra and own.deployment == plan.deployment and own.ports == plan.ports
+    with pytest.raises(KeyError, match="node0 is not a node"):
+        own.replica_of("node0")
+    with pytest.raises(KeyError, match="has no replica 0"):
+        own.replica(0)
+    one = build_plan(parsed(*fleet(2, 2)))
+    assert one.for_replica(0) is one
+    assert sender_node(own, Peer(address="198.18.0.13", common_name="")) == "node3"
+    assert sender_node(own, Peer(address="198.18.0.10", common_name="")) is None  # replica 0's node0
+    assert sender_node(plan, Peer(address="198.18.0.10", common_name="")) == "node0"

@@ -60,6 +60,7 @@ STALLED_S = 5.0  # the metrics port's /health answers 503 when the loop has not 
 
 class Agent:
     def __init__(self, plan: Plan, host: str, etcd: Etcd, feed_etcd: Etcd, lease_etcd: Etcd | None = None) -> None:
+        plan = plan.for_replica(plan.replica_of(host).id)  # it drives, tells and hears its own replica only
         self.plan = plan
         self.host = host
         self.etcd = etcd
@@ -321,10 +322,11 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    serve(plan.node(args.host).address, int(plan.ports.agent_metrics),
-          lambda: (agent.metrics.render(), CONTENT_TYPE), agent.healthy, agent_server_context(plan),
-          notices=agent.inbox.receive, peers=lambda peer: sender_node(plan, peer) is not None,
-          peer_idle_s=PEER_IDLE_S, peer_count=len(plan.hosts))
+    own = agent.plan  # its replica's: notices are taken from that replica's nodes only
+    serve(own.node(args.host).address, int(own.ports.agent_metrics),
+          lambda: (agent.metrics.render(), CONTENT_TYPE), agent.healthy, agent_server_context(own),
+          notices=agent.inbox.receive, peers=lambda peer: sender_node(own, peer) is not None,
+          peer_idle_s=PEER_IDLE_S, peer_count=len(own.hosts))
     agent.run()
     return 0
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ..backends import Backend, backend
@@ -324,7 +324,24 @@ class Plan:
         return len(self.replicas) > 1
 
     def replica(self, replica: int) -> Replica:
-        return self.replicas[replica]
+        """Replica ``replica`` by its number (KeyError naming the numbers there are)."""
+        for one in self.replicas:
+            if one.id == replica:
+                return one
+        raise KeyError(f"deployment {self.deployment} has no replica {replica} "
+                       f"(replicas: {', '.join(str(r.id) for r in self.replicas)})")
+
+    def for_replica(self, replica: int) -> Plan:
+        """The plan as one replica's agents drive it: its nodes (their ranks its own), its ranks of every cohort,
+        its GMS servers and lock; the deployment's infra, model and settings. Its one replica keeps its number (the
+        records' keys name it). A deployment of one replica is its own."""
+        if len(self.replicas) == 1 and self.replicas[0].id == replica:
+            return self
+        own = self.replica(replica)
+        nodes = {n.host: n for n in self.nodes}
+        return replace(self, nodes=tuple(nodes[h] for h in own.members), cohorts=own.cohorts,
+                       gms_servers=tuple(p for p in self.gms_servers if p.host in own.members),
+                       lock_path=own.lock_path, replicas=(own,))
 
     def replica_of(self, host: str) -> Replica:
         """The replica ``host`` is a node of (KeyError naming the host when none)."""
