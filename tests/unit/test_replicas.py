@@ -167,8 +167,9 @@ def test_the_whole_deployment_accessors_are_right_per_host_and_refuse_to_mean_re
     plan = fleet_plan()
     assert plan.hosts == ["node0", "node1", "node2", "node3"]
     assert [plan.node(h).rank for h in plan.hosts] == [0, 1, 0, 1]
-    assert plan.replica_of("node3").id == 1 and plan.leader_of("node3").host == "node2"
-    assert plan.master_address("node1") == "198.18.0.10" and plan.master_address("node3") == "198.18.0.12"
+    assert plan.replica_of("node3").id == 1 and plan.replica_of("node3").leader == "node2"
+    assert plan.replica_of("node1").master_address == "198.18.0.10"
+    assert plan.replica_of("node3").master_address == "198.18.0.12"
     assert plan.cohort(1).rank_on("node3").process.argv == plan.replica(1).cohort(1).ranks[1].process.argv
     assert [p.host for p in plan.gms_servers] == plan.hosts
     with pytest.raises(ValueError, match="2 replicas, each with its own leader node"):

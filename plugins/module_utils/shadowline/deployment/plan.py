@@ -350,14 +350,6 @@ class Plan:
                 return replica
         raise KeyError(f"{host} is not a node of deployment {self.deployment} (nodes: {', '.join(self.hosts)})")
 
-    def leader_of(self, host: str) -> Node:
-        """The leader node of ``host``'s replica (rank 0 there: its cohorts' leaders, its lock, its driver)."""
-        return self.node(self.replica_of(host).leader)
-
-    def master_address(self, host: str) -> str:
-        """The master address of ``host``'s replica's cohorts."""
-        return self.replica_of(host).master_address
-
     @property
     def hosts(self) -> list[str]:
         return [n.host for n in self.nodes]
