@@ -10,6 +10,9 @@ from typing import Any, Callable
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.common.lock import parse_holder
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import units
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan, restart_order
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.preflight import (
+    fleet_refusal as refusal_of_a_fleet,
+)
 
 UNIT_DIR = units.UNIT_DIR
 
@@ -54,6 +57,11 @@ def engine_changed_cohorts(plan: dict[str, Any], changed_paths: list[str] | None
     if f"{UNIT_DIR}/{plan.unit_name('engine')}" in changed:
         return cohorts
     return [c for c in cohorts if any(p.startswith(units.engine_dropin_dir(plan, c) + "/") for p in changed)]
+
+
+def fleet_refusal(plan: dict[str, Any], playbook: str) -> str:
+    """Why ``playbook`` refuses this deployment (a fleet, for a playbook that acts on one replica), "" when not."""
+    return refusal_of_a_fleet(Plan.from_dict(plan), playbook)
 
 
 def _selected(plan: Plan, only: list[int] | None) -> list[int]:
@@ -105,4 +113,4 @@ class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {"cohort_order": cohort_order, "engine_files": engine_files,
                 "engine_changed_cohorts": engine_changed_cohorts, "serving_cohort": serving_cohort,
-                "stale_cohorts": stale_cohorts}
+                "stale_cohorts": stale_cohorts, "fleet_refusal": fleet_refusal}

@@ -9,15 +9,19 @@ from typing import Any, Callable
 
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.cluster.status_table import (
     render_status_table,
+    replicas_of,
 )
 
 
 def status_table(results: list[dict[str, Any]], model: str = "") -> str:
     """results: the registered cohort_info result of every node."""
     ranks = [rank for result in results for rank in result.get("ranks", [])]
-    holders = [result["lock_holder"] for result in results if result.get("lock_holder")]
+    holders = {leader.get("replica", 0): result["lock_holder"] for result in results if result.get("lock_holder")
+               for leader in result.get("ranks", [])[:1]}  # a leader node's result: its replica's lock
     failover = next((result["failover"] for result in results if result.get("failover")), None)
-    return render_status_table(ranks, holders[0] if holders else None, model, failover)
+    if len(replicas_of(ranks)) > 1:
+        return render_status_table(ranks, holders, model, failover)
+    return render_status_table(ranks, next(iter(holders.values()), None), model, failover)
 
 
 class FilterModule:

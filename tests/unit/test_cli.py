@@ -219,6 +219,42 @@ def test_the_table_reads_back_as_the_rows_it_printed():
     assert table_rows(["PLAY [x]", "ok: [n0]"]) == ([], None)
 
 
+def test_a_fleets_table_has_a_replica_column_and_a_line_per_replica_and_reads_back():
+    from shadowline.cluster.status_table import (
+        render_status_table,
+        status_document,
+        status_rows,
+        table_rows,
+        table_states,
+    )
+    ports = {"master": 29500, "system": 8080, "nixl": 8280}
+
+    def rank(replica: int, cohort: int, host: str, node_rank: int, state: str) -> dict:
+        return {"replica": replica, "cohort": cohort, "role": "primary" if cohort == 0 else "shadow", "host": host,
+                "rank": node_rank, "pid": 10 + node_rank, "state": state, "leader": node_rank == 0, "ports": ports}
+
+    ranks = [rank(1, 0, "node2", 0, "parked"), rank(0, 0, "node0", 0, "active"), rank(0, 1, "node0", 0, "parked"),
+             rank(1, 1, "node2", 0, "active"), rank(0, 0, "node1", 1, "running"), rank(1, 0, "node3", 1, "dead")]
+    holders = {0: "engine-0", 1: "engine-1"}
+    lines = render_status_table(ranks, holders, "m@0123456789ab").splitlines()
+    assert lines[0].split()[:3] == ["replica", "cohort", "role"]
+    assert [line.split()[:3] for line in lines[2:8]] == [
+        ["0", "0", "primary"], ["0", "0", "primary"], ["0", "1", "shadow"], ["1", "0", "primary"],
+        ["1", "0", "primary"], ["1", "1", "shadow"]]
+    assert lines[8:] == ["replica 0: lock holder engine-0; 3 of 3 ranks healthy",
+                         "replica 1: lock holder engine-1; 2 of 3 ranks healthy"]
+    rows, _holder = table_rows(lines)
+    assert rows == status_rows(ranks, holders, "m@0123456789ab")
+    assert table_states(lines) == ["active", "running", "parked", "parked", "dead", "active"]
+    data = status_document(rows, None)
+    assert [(r["replica"], r["cohort"], r["node"], r["holder"]) for r in data["ranks"]] == [
+        (0, 0, "node0", True), (0, 0, "node1", False), (0, 1, "node0", False), (1, 0, "node2", False),
+        (1, 0, "node3", False), (1, 1, "node2", True)]
+    assert data["whole"] is False
+    one = [dict(r, replica=0) for r in ranks if r["replica"] == 0]
+    assert render_status_table(one, "engine-0", "m").splitlines()[0].startswith("cohort")  # one replica: as before
+
+
 def test_zsh_completion_knows_the_subcommands_options_and_choices(installed: Path, tmp_path: Path):
     proc = shadowline(installed, "completion", "zsh")
     assert proc.returncode == 0, proc.stderr

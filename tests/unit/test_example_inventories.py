@@ -22,7 +22,7 @@ from shadowline.slurm.render import ansible_inventory, deployment_values, read_w
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "inventories" / "examples"
 ANSIBLE_EXAMPLES = ["h100-2x8-tp16", "one-node-tp8", "three-infra"]
-# fleets (docs/fleet-design.md): rendered, never deployed, since preflight refuses more than one replica for now
+# fleets (docs/fleet.md): pass preflight and render, replica by replica
 FLEET_EXAMPLES = ["fleet-2x2-tp16", "fleet-4x8-tp8"]
 H100_MIB = 81559.0
 
@@ -111,14 +111,12 @@ def test_the_shapes_are_the_ones_the_examples_promise():
 
 @pytest.mark.parametrize(("name", "replicas"), [("fleet-2x2-tp16", [["gpu01", "gpu02"], ["gpu03", "gpu04"]]),
                                                ("fleet-4x8-tp8", [["gpu01"], ["gpu02"], ["gpu03"], ["gpu04"]])])
-def test_a_fleet_example_renders_but_preflight_refuses_to_deploy_it(name: str, replicas: list[list[str]]):
-    """A fleet passes every check of its nodes but one: this release deploys one replica per deployment. Its plan
-    (replica by replica) and every unit of every node render."""
+def test_a_fleet_example_passes_preflight_and_renders(name: str, replicas: list[list[str]]):
+    """A fleet passes preflight on its nodes' facts; its plan (replica by replica) and every unit of every node
+    render."""
     result = preflight(name)
-    (problem,) = result.problems
-    assert problem.field == "gms_nodes" and "docs/fleet-design.md" in problem.message, problem
-    assert problem.message.startswith(f"forms {len(replicas)} replicas of {len(replicas[0])} node(s) each")
-    assert result.contract is not None and result.plan is None
+    assert result.problems == [], [str(p) for p in result.problems]
+    assert result.contract is not None and result.plan is not None
     plan = build_plan(result.contract)
     assert [list(r.members) for r in plan.replicas] == replicas
     for replica in plan.replicas:

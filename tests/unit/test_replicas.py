@@ -13,11 +13,12 @@ import pytest
 from shadowline.cli import plan_lines
 from shadowline.control.failure_notices import sender_node
 from shadowline.control.metrics_server import Peer
+from shadowline.deployment import preflight
 from shadowline.deployment.contract import parse_contract
 from shadowline.deployment.plan import Plan
 from shadowline.deployment.plan_builder import build_plan
 from shadowline.deployment.ports import port_problems
-from shadowline.deployment.preflight import fleet_problems
+from shadowline.deployment.preflight import fleet_refusal
 
 from .helpers import hostvars
 
@@ -217,19 +218,24 @@ def test_ports_are_checked_on_every_replicas_leader():
                for p in problems), [str(p) for p in problems]
 
 
-def test_preflight_refuses_a_fleet_for_now_and_passes_one_replica():
-    (problem,) = fleet_problems(parsed(*fleet(4, 2)))
-    assert problem.field == "gms_nodes"
-    assert problem.message.startswith("forms 2 replicas of 2 node(s) each (4 hosts, gms_engine.nnodes 2): "
-                                      "replica 0: node0, node1; replica 1: node2, node3. This release deploys one "
-                                      "replica per deployment")
-    assert "docs/fleet-design.md" in problem.message and "shadowline plan" in problem.fix
-    assert fleet_problems(parsed(*fleet(2, 2))) == [] and fleet_problems(parsed(*fleet(3, None))) == []
+def test_a_fleet_is_deployed_and_the_playbooks_of_one_replica_refuse_it_naming_the_fix():
+    """site.yml deploys a fleet (preflight passes it); failover.yml, drill.yml and upgrade.yml act on one replica
+    and take none yet: they refuse a fleet before anything changes, and never one replica."""
+    fleet_plan_, one = fleet_plan(), build_plan(parsed(*fleet(2, 2)))
+    for playbook in ("failover.yml", "drill.yml", "upgrade.yml"):
+        refusal = fleet_refusal(fleet_plan_, playbook)
+        assert refusal.startswith(f"gms_nodes: the deployment is a fleet of 2 replicas and {playbook} does not "
+                                  "take a replica yet"), refusal
+        assert "Nothing was changed. Fix:" in refusal and "docs/fleet.md" in refusal
+        assert fleet_refusal(one, playbook) == ""
+    for playbook in ("site.yml", "teardown.yml", "status.yml", "pause.yml", "model.yml", "monitoring.yml"):
+        assert fleet_refusal(fleet_plan_, playbook) == ""
+    assert "fleet_problems" not in dir(preflight)  # no refusal of a fleet left in preflight
 
 
 def test_shadowline_plan_prints_a_fleet_replica_by_replica_and_one_replica_as_before():
     lines = plan_lines(fleet_plan().to_dict())
-    assert lines[1].startswith("fleet: 2 replicas of 2 node(s), planned but not deployed yet")
+    assert lines[1].startswith("fleet: 2 replicas of 2 node(s), each driven by its own leader node's agent")
     assert "replica 1: node2, node3 (leader node2, master address 198.18.0.12)" in lines
     assert any(line.startswith("    node3 rank 1 (headless): ") for line in lines)
     hv, hosts = hostvars(2, gms_engine={"tensor_parallel_size": 16})

@@ -98,8 +98,8 @@ def plan_lines(data: dict) -> list[str]:
     lines = [f"deployment {plan.deployment}: backend {plan.backend}, "
              f"model {plan.model_id}@{plan.revision[:12]}, lock {plan.lock_path}"]
     if plan.fleet:
-        lines.append(f"fleet: {len(plan.replicas)} replicas of {len(plan.replicas[0].members)} node(s), planned but "
-                     "not deployed yet (preflight refuses a fleet: docs/fleet-design.md)")
+        lines.append(f"fleet: {len(plan.replicas)} replicas of {len(plan.replicas[0].members)} node(s), each driven "
+                     "by its own leader node's agent, one frontend over all (docs/fleet.md)")
     infra = plan.infra
     lines.append(f"infra: etcd {infra.etcd_endpoints}  nats {infra.nats_server}  frontend {infra.frontend_url}")
     for replica in plan.replicas:  # one replica (today's deployment): its cohorts only, as before fleets

@@ -62,6 +62,10 @@ def rank_states(plan: Plan, host: str, health_timeout_s: float = 1.0) -> list[di
     """One entry per cohort rank on ``host``. A leader is ``wedged`` when /health gave no 200 for
     ``health_timeout_s`` (the probe waits that long): the agent's judgement (policy.HangPolicy)."""
     hang = HangPolicy(health_timeout_s=health_timeout_s, progress_stall_s=plan.failover.progress_stall_s)
+    if host not in plan.hosts:
+        return []  # an infra host runs no rank
+    replica = plan.replica_of(host).id
+    plan = plan.for_replica(replica)  # its ranks, leaders and ports are its replica's
     states = []
     for cohort in plan.cohorts:
         rank = next((r for r in cohort.ranks if r.host == host), None)
@@ -71,7 +75,7 @@ def rank_states(plan: Plan, host: str, health_timeout_s: float = 1.0) -> list[di
         status = unit_status(unit, plan.container)
         pid = status["pid"]
         entry: dict[str, Any] = {
-            "cohort": cohort.cohort, "role": cohort.role, "host": host, "rank": rank.node_rank,
+            "cohort": cohort.cohort, "role": cohort.role, "replica": replica, "host": host, "rank": rank.node_rank,
             "leader": rank.leader, "unit": unit, "pid": pid, "health": None,
             "ports": asdict(cohort.ports),
         }

@@ -63,9 +63,14 @@ def prometheus_url(plan: Plan) -> str:
 def scrape_targets(plan: Plan) -> dict[str, list[dict[str, Any]]]:
     """file_sd content of every job: job -> [{"targets": [host:port], "labels": {...}}]."""
     dep = plan.deployment
+
+    def replica(q: int) -> dict[str, str]:  # a fleet's series name their replica (one replica's as before)
+        return {"replica": str(q)} if plan.fleet else {}
+
     engines = [_group(f"{c.leader.address}:{c.ports.system}", deployment=dep, cohort=str(c.cohort),
-                      node=c.leader.host) for c in plan.cohorts]
-    agents = [_group(f"{n.address}:{plan.ports.agent_metrics}", deployment=dep, node=n.host) for n in plan.nodes]
+                      node=c.leader.host, **replica(r.id)) for r in plan.replicas for c in r.cohorts]
+    agents = [_group(f"{n.address}:{plan.ports.agent_metrics}", deployment=dep, node=n.host,
+                     **replica(plan.replica_of(n.host).id)) for n in plan.nodes]
     frontend_host = plan.infra.frontend_url.split("//", 1)[1]
     frontend = [_group(frontend_host, deployment=dep, node=plan.infra.frontend.host)]
     etcd = [_group(f"{n.address}:{plan.ports.etcd_client}", deployment=dep, node=n.host) for n in plan.infra.hosts]

@@ -41,8 +41,8 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
         return PreflightResult(None, None, problems, checks)
     plan, refused = checked_plan(contract)  # the plan's own refusals (its ports), as every path gets them
     problems += refused
-    problems += fleet_problems(contract)
-    checks.append("one replica per deployment (a fleet is planned, not deployed yet)")
+    checks.append(f"replicas: {len(contract.replicas)} of {contract.engine.nnodes} node(s) each, complete and "
+                  "of one shape")
     problems += private_tmp_problems(contract)
     uses = host_port_uses(contract)
     checks.append(f"{sum(len(of_host) for of_host in uses.values())} ports of {len(uses)} host(s): range and "
@@ -80,23 +80,24 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
     return PreflightResult(contract, plan, problems, checks, plan_warnings(contract))
 
 
-def fleet_problems(contract: Contract) -> list[Problem]:
-    """A fleet (gms_nodes holding several replicas of gms_engine.nnodes nodes) is parsed, planned and printed
-    (`shadowline plan`), but not deployed: the agents drive one engine group until they drive one per replica
-    (docs/fleet-design.md, the order of work)."""
-    replicas = contract.replicas
-    if len(replicas) < 2:
-        return []
-    nnodes, count = contract.engine.nnodes, len(contract.nodes)
-    listed = "; ".join(f"replica {q}: {', '.join(n.host for n in members)}" for q, members in enumerate(replicas))
-    return [Problem(
-        "gms_nodes", f"forms {len(replicas)} replicas of {nnodes} node(s) each ({count} hosts, gms_engine.nnodes "
-        f"{nnodes}): {listed}. This release deploys one replica per deployment: its agents drive one engine group, "
-        "and a fleet's replicas need a driver each (see docs/fleet-design.md).",
-        f"list one replica's {nnodes} node(s) in gms_nodes (a deployment per replica, each with its own "
-        f"gms_deployment), or set gms_engine.nnodes to {count} without gms_replica for one engine group over all "
-        f"{count} hosts; "
-        "`shadowline plan` prints the fleet's plan meanwhile.")]
+NOT_FOR_A_FLEET = {  # playbook -> what it would do to a fleet: it acts on one replica and takes none yet
+    "failover.yml": "it reads and relaunches replica 0's slots only",
+    "drill.yml": "its faults, waits and report know replica 0 only",
+    "upgrade.yml": "it hands over and checks replica 0's serving cohort only, so the other replicas would keep "
+                   "the old configuration",
+}
+
+
+def fleet_refusal(plan: Plan, playbook: str) -> str:
+    """Why ``playbook`` refuses this deployment before it changes anything ("": it does not). A fleet
+    (docs/fleet.md) is deployed, torn down, paused, staged and watched by every playbook; those of NOT_FOR_A_FLEET
+    act on one replica and take no replica yet."""
+    if not plan.fleet or playbook not in NOT_FOR_A_FLEET:
+        return ""
+    return (f"gms_nodes: the deployment is a fleet of {len(plan.replicas)} replicas and {playbook} does not take a "
+            f"replica yet: {NOT_FOR_A_FLEET[playbook]}. Nothing was changed. Fix: a fleet fails over by itself (a "
+            "replica's agents relaunch and promote within it while the others serve: docs/fleet.md); status.yml "
+            "shows each replica, pause.yml pauses them all, site.yml deploys a changed configuration.")
 
 
 PRIVATE_TMP = ("/tmp/", "/var/tmp/")  # every unit runs with PrivateTmp=yes (deployment/units.py HARDENING)
