@@ -59,6 +59,16 @@ def engine_changed_cohorts(plan: dict[str, Any], changed_paths: list[str] | None
     return [c for c in cohorts if any(p.startswith(units.engine_dropin_dir(plan, c) + "/") for p in changed)]
 
 
+def replica_plan(plan: dict[str, Any], replica: int) -> dict[str, Any]:
+    """One replica's own plan (Plan.for_replica): its nodes, ranks, lock and leader; what drill.yml drives."""
+    full = Plan.from_dict(plan)
+    number = int(replica)
+    if number not in [r.id for r in full.replicas]:
+        raise ValueError(f"replica={replica}: deployment {full.deployment} has replicas "
+                         f"{', '.join(str(r.id) for r in full.replicas)}")
+    return full.for_replica(number).to_dict()
+
+
 def fleet_refusal(plan: dict[str, Any], playbook: str) -> str:
     """Why ``playbook`` refuses this deployment (a fleet, for a playbook that acts on one replica), "" when not."""
     return refusal_of_a_fleet(Plan.from_dict(plan), playbook)
@@ -113,4 +123,5 @@ class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {"cohort_order": cohort_order, "engine_files": engine_files,
                 "engine_changed_cohorts": engine_changed_cohorts, "serving_cohort": serving_cohort,
-                "stale_cohorts": stale_cohorts, "fleet_refusal": fleet_refusal}
+                "stale_cohorts": stale_cohorts, "fleet_refusal": fleet_refusal,
+                "replica_plan": replica_plan}

@@ -2,9 +2,9 @@
 
 site.yml converges it from nothing and a second run changes nothing; each replica's agents drive their own
 replica (its records under ``replicas/<q>/`` in etcd, its own lock holder); both replicas' serving workers are
-registered under the one model name. A kill of a replica's serving leader, and of a serving rank on a replica's
-second node, under load from a client without retries: 0 failed requests, the replica's parked shadow promoted
-inside it, the other replica untouched. The playbooks that act on one replica refuse a fleet before anything
+registered under the one model name. drill.yml on one replica (kill-leader, kill-worker, hang-leader,
+stall-generation): 0 failed first attempts, streaming or not, the replica's parked shadow promoted inside it, the
+other replica untouched. The playbooks that act on one replica and take none yet refuse a fleet before anything
 changes. Instance 6, after the drills of the same stream (scripts/test-suite).
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,11 +20,10 @@ import pytest
 
 from shadowline.cluster.discovery import registrations
 from shadowline.common.coordination import Keys, Slot
-from shadowline.drill.load import Request, run_load
 from testbed.pytest_fixtures import skip_reason
 
 from ..loopback import wait_until
-from .deployed import DEPLOYMENT, MODEL, UNIT, Deployed
+from .deployed import DEPLOYMENT, MODEL, Deployed
 from .launch import REPO
 from .site_helpers import instance_lock
 
@@ -81,29 +79,17 @@ def lock_holder(host: str) -> str:
     return d.on(host, "cat", plan.lock_path).strip() if held else ""
 
 
+def served_by_another(replica: int, cohort: int) -> dict[str, Any] | None:
+    """The replica's records once a cohort other than ``cohort`` is its active one."""
+    now = records(replica)
+    return now if now["active"] and now["active"]["cohort"] != cohort else None
+
+
 def whole(replica: int) -> bool:
     """The replica serves (its leader node holds the lock) and every slot of it runs."""
     now = records(replica)
     return bool(lock_holder(REPLICAS[replica][0])) and len(now["slots"]) == 2 and \
         all(state == "running" for _generation, state in now["slots"].values())
-
-
-def promoted(replica: int, killed: int) -> dict[str, Any] | None:
-    """The replica's records once a cohort other than ``killed`` is the active one."""
-    now = records(replica)
-    return now if now["active"] and now["active"]["cohort"] != killed else None
-
-
-def under_load(fault: Any, seconds: float = 20.0) -> list[Request]:
-    """``fault()`` 5 s into ``seconds`` of 20 requests per second from a raw client (one attempt each, 5 s)."""
-    out: dict[str, list[Request]] = {}
-    load = threading.Thread(target=lambda: out.setdefault("requests", run_load(
-        d.frontend, MODEL, rate=20, duration_s=seconds, max_requests=int(seconds * 20), timeout_s=5.0)))
-    load.start()
-    time.sleep(5)
-    fault()
-    load.join(timeout=seconds + 30)
-    return out["requests"]
 
 
 def test_site_converges_a_fleet_and_a_second_run_changes_nothing(fleet: dict[str, Any]) -> None:
@@ -132,35 +118,51 @@ def test_each_replica_keeps_its_own_records_lock_and_serving_worker(fleet: dict[
     assert workers == {plan.node("node0").address, plan.node("node2").address}, workers
 
 
-@pytest.mark.parametrize(("replica", "host", "which"), [(1, "node2", "leader"), (0, "node1", "second node")])
-def test_a_replicas_serving_rank_killed_under_load_fails_no_request(fleet: dict[str, Any], replica: int, host: str,
-                                                                    which: str) -> None:
-    """The serving cohort's rank on the replica's leader node, or on its second node, SIGKILLed: the replica's
-    shadow takes over inside it while the other replica serves, and a client without retries sees no failure."""
+@pytest.mark.parametrize(("replica", "fault"), [(1, "kill-leader"), (0, "kill-worker"), (1, "hang-leader"),
+                                                (0, "stall-generation")])
+def test_a_drill_on_one_replica_fails_no_request(fleet: dict[str, Any], tmp_path: Any, replica: int,
+                                                  fault: str) -> None:
+    """drill.yml -e replica=q: the fault lands on that replica (its leader node, its second node), its agents
+    detect it, tear its cohort down, promote its parked shadow and relaunch; the drill's load (the OpenAI SDK,
+    every other request streaming) counts each request's first attempt: 0 failed, streaming or not, while the
+    other replica serves and its records do not change."""
     other = 1 - replica
     for q in REPLICAS:
-        wait_until(lambda q=q: whole(q) or None, 90, 0.5, f"replica {q} whole before the kill")
-    before, untouched = records(replica), records(other)
-    serving = before["active"]["cohort"]
-    t0 = time.time()
-    requests = under_load(lambda: d.on(host, "systemctl", "kill", "--kill-whom=main", "-s", "KILL",
-                                       f"{UNIT}-engine@{serving}.service"))
-    failed = [r for r in requests if not r.ok]
-    story = d.story(t0) if failed else ""
-    assert len(requests) >= 300 and not failed, f"{len(failed)} of {len(requests)} failed: {failed[:5]}\n{story}"
-    after = wait_until(lambda: promoted(replica, serving), 60, 0.5, f"replica {replica}'s shadow promoted")
-    assert after["active"]["cohort"] == 1 - serving
-    wait_until(lambda: whole(replica) or None, 90, 0.5, f"replica {replica} whole again (its killed cohort parked)")
+        wait_until(lambda q=q: whole(q) or None, 90, 0.5, f"replica {q} whole before the drill")
+    untouched = records(other)
+    path = tmp_path / f"{fault}.json"
+    proc = d.playbook("drill.yml", "-e", f"fault={fault}", "-e", f"replica={replica}", "-e", f"drill_report={path}",
+                      "-e", "drill_warmup_s=1", "-e", "drill_tail_s=1", timeout=300)
+    assert proc.returncode == 0 and "result: PASS" in proc.stdout, f"drill {fault} failed:\n{proc.stdout[-4000:]}"
+    report = json.loads(path.read_text())
+    requests = report["requests"]
+    assert requests["sent"] >= 50 and requests["failed_raw"] == 0, requests
+    assert requests["client"] == "openai" and requests["streams"] >= requests["sent"] // 2 - 1, requests
+    assert {g["cohort"] for g in report["failed_generations"]}, "the drill failed no generation"
     assert records(other) == untouched, "the other replica's records changed"
-    print(f"\nfleet: replica {replica}'s serving rank on its {which} ({host}) killed: {len(requests)} requests, "
-          f"0 failed; cohort {1 - serving} promoted inside replica {replica}")
+    assert report["orphans"] == []
+    print(f"\n[figure] fleet {fault} on replica {replica}: {requests['sent']} requests "
+          f"({requests['streams']} streaming), failed_raw {requests['failed_raw']}, failed_sdk "
+          f"{requests['failed_sdk']}; promote {report['promote_s']} s")
 
 
-def test_the_playbooks_of_one_replica_refuse_a_fleet_and_change_nothing(fleet: dict[str, Any]) -> None:
+def test_failover_of_one_replicas_cohort_and_the_refusals_that_change_nothing(fleet: dict[str, Any]) -> None:
+    """failover.yml -e replica=0 -e cohort=<its serving cohort>: that replica's shadow takes over and the cohort is
+    relaunched, the other replica untouched. Without a replica failover.yml refuses a fleet, and upgrade.yml (one
+    replica's, taking none yet) refuses it, each before anything changes."""
+    for q in REPLICAS:
+        wait_until(lambda q=q: whole(q) or None, 90, 0.5, f"replica {q} whole")
     before = {q: records(q) for q in REPLICAS}
-    for playbook, extra in (("failover.yml", ("-e", "cohort=0")), ("drill.yml", ("-e", "fault=kill-leader"))):
+    serving = before[0]["active"]["cohort"]
+    for playbook, extra, words in (
+            ("failover.yml", ("-e", f"cohort={serving}"), "replica: the deployment is a fleet of 2 replicas"),
+            ("upgrade.yml", (), "the deployment is a fleet of 2 replicas and upgrade.yml does not take a replica")):
         proc = d.playbook(playbook, *extra, timeout=300)
-        assert proc.returncode != 0, proc.stdout[-2000:]
-        assert f"the deployment is a fleet of 2 replicas and {playbook} does not take a replica yet" in proc.stdout, \
-            proc.stdout[-2000:]
+        assert proc.returncode != 0 and words in proc.stdout, proc.stdout[-2000:]
     assert {q: records(q) for q in REPLICAS} == before
+    proc = d.playbook("failover.yml", "-e", "replica=0", "-e", f"cohort={serving}", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    after = wait_until(lambda: served_by_another(0, serving), 60, 0.5, "replica 0's shadow serving")
+    assert after["slots"][serving][0] > before[0]["slots"][serving][0], after  # the cohort relaunched
+    assert records(1) == before[1], "replica 1's records changed"
+    wait_until(lambda: whole(0) or None, 90, 0.5, "replica 0 whole after its failover")

@@ -15,7 +15,7 @@ from shadowline.control.failure_notices import sender_node
 from shadowline.control.metrics_server import Peer
 from shadowline.deployment import preflight
 from shadowline.deployment.contract import parse_contract
-from shadowline.deployment.plan import Plan
+from shadowline.deployment.plan import Plan, sole_replica
 from shadowline.deployment.plan_builder import build_plan
 from shadowline.deployment.ports import port_problems
 from shadowline.deployment.preflight import fleet_refusal
@@ -219,16 +219,17 @@ def test_ports_are_checked_on_every_replicas_leader():
 
 
 def test_a_fleet_is_deployed_and_the_playbooks_of_one_replica_refuse_it_naming_the_fix():
-    """site.yml deploys a fleet (preflight passes it); failover.yml, drill.yml and upgrade.yml act on one replica
-    and take none yet: they refuse a fleet before anything changes, and never one replica."""
+    """site.yml deploys a fleet (preflight passes it); upgrade.yml acts on one replica and takes none yet: it
+    refuses a fleet before anything changes, and never one replica. drill.yml and failover.yml take a replica."""
     fleet_plan_, one = fleet_plan(), build_plan(parsed(*fleet(2, 2)))
-    for playbook in ("failover.yml", "drill.yml", "upgrade.yml"):
+    for playbook in ("upgrade.yml",):
         refusal = fleet_refusal(fleet_plan_, playbook)
         assert refusal.startswith(f"gms_nodes: the deployment is a fleet of 2 replicas and {playbook} does not "
                                   "take a replica yet"), refusal
         assert "Nothing was changed. Fix:" in refusal and "docs/fleet.md" in refusal
         assert fleet_refusal(one, playbook) == ""
-    for playbook in ("site.yml", "teardown.yml", "status.yml", "pause.yml", "model.yml", "monitoring.yml"):
+    for playbook in ("site.yml", "drill.yml", "failover.yml", "teardown.yml", "status.yml", "pause.yml", "model.yml",
+                     "monitoring.yml"):
         assert fleet_refusal(fleet_plan_, playbook) == ""
     assert "fleet_problems" not in dir(preflight)  # no refusal of a fleet left in preflight
 
@@ -266,3 +267,14 @@ def test_a_replicas_agents_drive_tell_and_hear_their_own_replica_only():
     assert sender_node(own, Peer(address="198.18.0.13", common_name="")) == "node3"
     assert sender_node(own, Peer(address="198.18.0.10", common_name="")) is None  # replica 0's node0
     assert sender_node(plan, Peer(address="198.18.0.10", common_name="")) == "node0"
+
+
+def test_a_replicas_own_plan_round_trips_and_names_its_replica():
+    """What drill.yml gives its modules (the replica_plan filter): one replica's plan, through its dict form."""
+    plan = fleet_plan()
+    own = plan.for_replica(1)
+    back = Plan.from_dict(json.loads(json.dumps(own.to_dict())))
+    assert back == own and sole_replica(back) == 1 and back.hosts == ["node2", "node3"]
+    assert sole_replica(build_plan(parsed(*fleet(2, 2)))) == 0
+    with pytest.raises(ValueError, match="is a fleet of 2 replicas: name one"):
+        sole_replica(plan)

@@ -46,7 +46,6 @@ from .etcd_client import KV, Etcd, EtcdError
 
 RUNNING, FAILED, LAUNCHING, DEAD = "running", "failed", "launching", "dead"
 STATES = (RUNNING, FAILED, LAUNCHING, DEAD)
-ONE_REPLICA = 0  # a deployment of one replica: schema 2's records are its; the operator's commands act on it
 SLOT_SCHEMA = 3  # the slot record's version; a writer that adds or changes a field raises it (2: config; 3: replica)
 
 

@@ -29,13 +29,13 @@ from typing import Any
 from ..cluster.access import etcd_for
 from ..cluster.cohort_state import lock_holder
 from ..cluster.discovery import cohort_registrations, deroute, reroute, revoke_leases
-from ..common.coordination import DEAD, FAILED, LAUNCHING, ONE_REPLICA, RUNNING, Coordination, Keys, Slot
+from ..common.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Keys, Slot
 from ..common.etcd_client import KV, Etcd, EtcdError
 from ..common.events import read_events
 from ..common.lock import parse_holder
 from ..common.proc import cgroup_pids, listening_ports, unit_cgroup
 from ..common.progress import ProgressSample
-from ..deployment.plan import Plan
+from ..deployment.plan import Plan, sole_replica
 from .observe import installed_configs, leader_progress
 from .view import pause_record
 
@@ -69,7 +69,7 @@ def plan_failover(plan: Plan, cohort: int, mode: str) -> dict[str, Any]:
     if not plan.has_cohort(cohort):
         raise FailoverError(f"cohort {cohort} is not in the plan (cohorts 0..{len(plan.cohorts) - 1})")
     try:
-        coord = Coordination(etcd_for(plan), plan.deployment, ONE_REPLICA)
+        coord = Coordination(etcd_for(plan), plan.deployment, sole_replica(plan))
         slots = coord.slots()
     except EtcdError as err:
         raise FailoverError(f"etcd does not answer: {err}") from None

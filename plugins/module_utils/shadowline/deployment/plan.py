@@ -443,6 +443,16 @@ def model_view_dir(state_dir: str) -> str:
     return f"{state_dir}/model"
 
 
+def sole_replica(plan: Plan) -> int:
+    """The number of the one replica ``plan`` holds: a deployment of one, or one replica's own plan
+    (Plan.for_replica: what a drill or the operator's failover of that replica is given). ValueError for a whole
+    fleet, which names no replica."""
+    if plan.fleet:
+        raise ValueError(f"deployment {plan.deployment} is a fleet of {len(plan.replicas)} replicas: name one "
+                         "(plan.for_replica(q))")
+    return plan.replicas[0].id
+
+
 def residency_of(revision: str) -> str:
     """The GMS residency of a model revision: its first 12 characters (a commit's short id), characters a systemd
     instance name or a directory would have to escape replaced by ``_``."""

@@ -81,8 +81,6 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
 
 
 NOT_FOR_A_FLEET = {  # playbook -> what it would do to a fleet: it acts on one replica and takes none yet
-    "failover.yml": "it reads and relaunches replica 0's slots only",
-    "drill.yml": "its faults, waits and report know replica 0 only",
     "upgrade.yml": "it hands over and checks replica 0's serving cohort only, so the other replicas would keep "
                    "the old configuration",
 }

@@ -20,7 +20,7 @@ from typing import Any
 from ..cluster.access import etcd_for, frontend_context
 from ..cluster.cohort_state import leader_view, lock_holder, unit_status
 from ..common import console
-from ..common.coordination import DEAD, ONE_REPLICA, RUNNING, Coordination
+from ..common.coordination import DEAD, RUNNING, Coordination
 from ..common.etcd_client import EtcdError
 from ..common.events import read_events
 from ..common.http import http_get
@@ -35,7 +35,7 @@ from ..common.proc import (
     unit_properties,
 )
 from ..control.failover import unfence
-from ..deployment.plan import Plan
+from ..deployment.plan import Plan, sole_replica
 from ..standin.gpu_events import append_fake_event, fake_events_path
 from .faults import FAULTS, DrillError, cut_unit_name, fake_gpu, fault, rank_fault_file
 
@@ -100,7 +100,7 @@ def leader_views(plan: Plan, timeout_s: float = 1.0) -> dict[str, dict[str, Any]
 def slots(plan: Plan) -> dict[str, dict[str, Any]] | None:
     """The slot records in etcd ({cohort: {generation, state, reason, attempts}}), None when etcd is away."""
     try:
-        records = Coordination(etcd_for(plan), plan.deployment, ONE_REPLICA).slots()
+        records = Coordination(etcd_for(plan), plan.deployment, sole_replica(plan)).slots()
     except EtcdError:
         return None
     return {str(c): {"generation": s.generation, "state": s.state, "reason": s.reason, "attempts": s.attempts,
