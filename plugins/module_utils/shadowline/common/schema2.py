@@ -33,12 +33,13 @@ def move_schema2(etcd: Etcd, keys: Keys) -> Moved:
     if keys.replica != 0:
         raise ValueError(f"schema 2's records are replica 0's, not replica {keys.replica}'s")
     base = keys.deployment_root
-    old, _revision = etcd.read_at_once([base + p for p in PREFIXES], [base + k for k in SINGLE])
+    read, _revision = etcd.read_at_once([base + p for p in PREFIXES] + [keys.root], [base + k for k in SINGLE])
+    copies = {kv.key: kv for kv in read if kv.key.startswith(keys.root)}  # replica 0's, as of the same read
     copied, removed = [], 0
-    for kv in old:
+    for kv in (kv for kv in read if not kv.key.startswith(keys.root)):
         path = kv.key[len(base):]
         target = keys.root + path
-        current = etcd.get(target)
+        current = copies.get(target)
         if current is None or current.mod_revision < kv.mod_revision:
             if etcd.txn_compare_and_swap(target, current.mod_revision if current else 0, kv.value):
                 copied.append(path)

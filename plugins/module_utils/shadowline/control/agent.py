@@ -60,11 +60,12 @@ STALLED_S = 5.0  # the metrics port's /health answers 503 when the loop has not 
 
 class Agent:
     def __init__(self, plan: Plan, host: str, etcd: Etcd, feed_etcd: Etcd, lease_etcd: Etcd | None = None) -> None:
-        plan = plan.for_replica(plan.replica_of(host).id)  # it drives, tells and hears its own replica only
+        replica = plan.replica_of(host)
+        plan = plan.for_replica(replica.id)  # it drives, tells and hears its own replica only
         self.plan = plan
         self.host = host
         self.etcd = etcd
-        self.coord = Coordination(etcd, plan.deployment, plan.replica_of(host).id)
+        self.coord = Coordination(etcd, plan.deployment, replica.id)
         self.is_driver = plan.node(host).rank == 0
         self.events = EventLog(plan.events_path, host, deployment=plan.deployment)
         self.metrics = AgentMetrics(plan.deployment, host, plan.cohort_ids, driver=self.is_driver,
@@ -81,7 +82,7 @@ class Agent:
         self.node = NodeDuties(plan, host, self.memory, self.execute)
         self.driver = DriverDuties(plan, host, self.memory, self.driver_memory,
                                    self.execute) if self.driver_memory is not None else None
-        self.feed = EtcdFeed(feed_etcd, self.coord.keys, host, plan.replica_of(host).members,
+        self.feed = EtcdFeed(feed_etcd, self.coord.keys, host, replica.members,
                              frozenset(plan.cohort_ids),
                              int(plan.failover.agent_lease_ttl_s), CHECK_S if self.is_driver else SYNC_S, self.wake_w,
                              lease_etcd, self.memory.instance)
