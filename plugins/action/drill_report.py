@@ -17,6 +17,14 @@ from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.re
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.svg import render_svg
 
 
+def replica_of_workers(fleet: Plan, seen: list[dict[str, Any]]) -> dict[str, int | None]:
+    """{worker instance id: replica} from what discovery showed (``seen``: {instance id: request-plane host
+    address}, before and after the fault) and the deployment's plan: a worker's address is a node's, whose replica
+    the plan says (None: an address of no node)."""
+    replica_of_address = {fleet.node(host).address: replica.id for replica in fleet.replicas for host in replica.members}
+    return {worker: replica_of_address.get(address or "") for found in seen for worker, address in found.items()}
+
+
 def build_evidence(args: dict[str, Any]) -> dict[str, Any]:
     """The evidence dict of ``compute_report`` from the results the drill's tasks registered."""
     plan = Plan.from_dict(args["plan"])
@@ -46,6 +54,9 @@ def build_evidence(args: dict[str, Any]) -> dict[str, Any]:
                   "settled": bool(settle.get("settled")), "settle_note": settle.get("note", "")},
         "events": [e for r in after.values() for e in r.get("events", [])],
         "requests": list(args.get("requests") or []),
+        "workers": replica_of_workers(Plan.from_dict(args.get("fleet") or args["plan"]),
+                                      [steady.get("workers") or {}]
+                                      + [r.get("workers") or {} for r in after.values() if r.get("leader")]),
         "restored": {"unfenced": bool(restored.get("unfenced")),
                      "steady_after_unfence": bool(restored.get("steady_after_unfence"))},
     }
@@ -53,7 +64,7 @@ def build_evidence(args: dict[str, Any]) -> dict[str, Any]:
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("plan", "fault", "injected", "restored", "steady", "before", "settle", "after",
+    _VALID_ARGS = frozenset(("plan", "fleet", "fault", "injected", "restored", "steady", "before", "settle", "after",
                              "requests", "path", "svg"))
     _requires_connection = False
 

@@ -113,6 +113,12 @@ state:
   description: On the leader node - {lock_holder, slots, leaders}.
   returned: mode=steady, and mode=after on the leader node
   type: dict
+workers:
+  description: On the leader node, every Dynamo worker registered in discovery (every replica's) - {instance id
+    in hex - the host address of its request plane}; the drill report names the replica that served each request
+    from it.
+  returned: mode=steady, and mode=after on the leader node
+  type: dict
 target:
   description: With I(fault) on the leader node, where it lands - {host, cohort, node_rank, summary}.
   returned: mode=steady with fault
@@ -163,6 +169,7 @@ from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.no
     survivors,
     wait_settled,
     wait_steady,
+    workers,
 )
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.drill.settings import check as check_settings
 
@@ -204,6 +211,7 @@ def main() -> None:
                 fault(p["fault"])  # the library's list of faults: an unknown one fails before any wait
             state = wait_steady(plan, p["steady_timeout_s"])
             result["state"] = state
+            result["workers"] = workers(plan)
             if p["fault"] is not None:
                 result["target"] = choose_target(plan, p["fault"], state["lock_holder"], p["target"] or None)
         elif p["mode"] == "before":
@@ -222,6 +230,7 @@ def main() -> None:
             if leader:
                 result["state"] = {"lock_holder": lock_holder(plan.lock_path), "slots": slots(plan),
                                    "leaders": leader_views(plan)}
+                result["workers"] = workers(plan)
     except DrillError as err:
         module.fail_json(msg=str(err))
     result["time"] = time.time()

@@ -21,9 +21,13 @@ description:
   - Runs on the controller (an action plugin).
 options:
   plan:
-    description: The cohort plan.
+    description: The cohort plan (on a fleet, the drilled replica's, C(shadowline.gms.replica_plan)).
     type: dict
     required: true
+  fleet:
+    description: The whole deployment's plan, to name the replica that served each request (the worker Dynamo
+      names in each answer, whose request-plane address is a node of one replica). Defaults to I(plan).
+    type: dict
   fault:
     description: The fault's name.
     type: str

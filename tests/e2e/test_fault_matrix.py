@@ -471,17 +471,19 @@ def test_row11_lock_file_deleted_while_held(steady: dict[str, Any]) -> None:
     d.assert_whole()
     assert d.lock_holder() == f"engine-{parked}"
     assert load.failed(after=after) == [], load.summary()
-    # The deletion itself costs no request, but for one 503 in about 2 of 5 CI runs (the serving cohort untouched,
-    # the parked one being moved onto the new file; cause not found yet): at most one, a status the OpenAI SDK
-    # retries, and the agents' events around it printed for the diagnosis.
-    early = [r for r in load.failed() if r.start < killed]
+    # The deletion itself costs no request. A request is the deletion's only if it failed before the kill-leader:
+    # one that was still in flight when the serving rank was killed is the kill's (a single group has no other
+    # worker to move it to), which is what the "one 503 in about 2 of 5 CI runs" here was, and once 12 of them
+    # (CI of stop 47: every one started within 0.15 s before the kill and ended 503 after it). The agents' events
+    # around the first are printed for the diagnosis.
+    early = [r for r in load.failed() if r.end < killed]
     if early:
         window = [(round(e["time"] - early[0].start, 3), e["node"], e["event"], e["cohort"], e["generation"],
                    e["detail"]) for e in d.all_events(t0) if abs(e["time"] - early[0].start) < 3]
         print(f"\n[row 11] {len(early)} failed before the kill-leader: {early}; events around the first:")
         for event in window:
             print(f"[row 11]   {event}")
-    assert len(early) <= 1 and all(r.status == 503 for r in early), ("serving failed before the kill-leader", early)
+    assert not early, ("serving failed before the kill-leader", early)
     same_agents(steady)
 
 

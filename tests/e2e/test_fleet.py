@@ -146,9 +146,17 @@ def test_a_drill_on_one_replica_fails_no_request(fleet: dict[str, Any], tmp_path
     assert {g["cohort"] for g in report["failed_generations"]}, "the drill failed no generation"
     assert records(other) == untouched, "the other replica's records changed"
     assert report["orphans"] == []
+    # which replica served: Dynamo names each answer's worker, discovery names its node; both replicas served
+    # from the fault on (the frontend's round robin), and every answer named a worker of the deployment
+    served = report["served_by"]["from_fault"]
+    assert served.get("0") and served.get("1") and "unknown" not in served, report["served_by"]
+    latency = report["latency_s"]
+    assert latency["baseline_n"] >= 5 and latency["added_p99"] is not None, latency
     print(f"\n[figure] fleet {fault} on replica {replica}: {requests['sent']} requests "
           f"({requests['streams']} streaming), failed_raw {requests['failed_raw']}, failed_sdk "
-          f"{requests['failed_sdk']}; promote {report['promote_s']} s")
+          f"{requests['failed_sdk']}; promote {report['promote_s']} s; served from the fault by replica 0/1: "
+          f"{served.get('0')}/{served.get('1')}; added latency p50 {latency['added_p50']} s, "
+          f"p99 {latency['added_p99']} s")
 
 
 def test_failover_of_one_replicas_cohort_and_the_refusals_that_change_nothing(fleet: dict[str, Any]) -> None:

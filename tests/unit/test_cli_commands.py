@@ -77,6 +77,16 @@ def status_output(holder: str | None, shadow_state: str = "parked") -> str:
     return shown("Print the status table", table.splitlines())
 
 
+def fleet_status_output(holders: dict[int, str | None]) -> str:
+    """A fleet of two replicas (one node each here): replica 0 serves engine-0, replica 1 whatever ``holders``
+    says, the other cohort of each parked."""
+    ranks = [{"replica": q, "cohort": c, "role": "primary" if c == 0 else "shadow", "host": f"node{q}", "rank": 0,
+              "leader": True, "pid": 7 + 2 * q + c, "state": "active" if holders.get(q) == f"engine-{c}" else "parked",
+              "ports": PORTS} for q in (0, 1) for c in (0, 1)]
+    table = render_status_table(ranks, holders, "m@0123456789ab", "automatic")
+    return shown("Print the status table", table.splitlines())
+
+
 # -- status --watch ------------------------------------------------------------------------------------------ #
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "-inf", "1e9", "3601", "two", ""])
@@ -199,6 +209,48 @@ def test_a_refused_failover_prints_the_playbook_and_its_reason_and_fails(monkeyp
     assert err.rstrip().endswith(f"shadowline failover: {refusal}")
 
 
+def test_failover_of_a_fleets_replica_passes_it_to_the_playbook(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]):
+    playbooks = Playbooks(failover=(0, said("Show the timeline", TIMELINE)))
+    monkeypatch.setattr(cli, "run_playbook", playbooks)
+    assert cli.main(["failover", "-i", "inv", "--replica", "1", "--cohort", "0", "--mode", "handover"]) == 0
+    assert playbooks.calls[0]["extra"] == {"cohort": 0, "mode": "handover", "replica": 1}
+    code, err = refused(capsys, "failover", "-i", "inv", "--unfence", "node1", "--replica", "1")
+    assert code == 1 and "--replica is for --cohort" in err and len(playbooks.calls) == 1
+
+
+def test_switchover_of_a_fleet_reads_the_replicas_own_holder(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]):
+    playbooks = Playbooks(status=(0, fleet_status_output({0: "engine-0", 1: "engine-1"})),
+                          failover=(0, said("Show the timeline", TIMELINE.replace("cohort 0", "cohort 1"))))
+    monkeypatch.setattr(cli, "run_playbook", playbooks)
+    assert cli.main(["switchover", "-i", "inv", "--replica", "1"]) == 0
+    assert [(c["name"], c["extra"]) for c in playbooks.calls] == [
+        ("status", None), ("failover", {"cohort": 1, "mode": "handover", "replica": 1})]
+    assert capsys.readouterr().out.splitlines()[0].startswith("cohort 1 of replica 1 serves: handing it over")
+
+
+@pytest.mark.parametrize(("holders", "argv", "said_"), [
+    ({0: "engine-0", 1: "engine-1"}, [], "a fleet of 2 replicas (0, 1), each with its own serving cohort. Fix: "
+                                         "--replica N"),
+    ({0: "engine-0", 1: "engine-1"}, ["--replica", "2"], "--replica 2: the deployment has no replica 2 "
+                                                         "(replicas: 0, 1)"),
+    ({0: "engine-0", 1: None}, ["--replica", "1"], "no cohort serves (nobody holds the failover lock)"),
+    ({0: "engine-0", 1: "engine-1"}, ["--replica", "0", "--cohort", "1"], "--cohort 1 does not serve (engine-0 "
+                                                                          "holds the lock)"),
+    (None, ["--replica", "1"], "--replica 1: the deployment is one replica (replica 0)"),
+])
+def test_switchover_of_a_fleet_refuses_and_changes_nothing(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str],
+                                                           holders: dict | None, argv: list[str], said_: str):
+    status = fleet_status_output(holders) if holders else status_output("engine-0")
+    playbooks = Playbooks(status=(0, status), failover=(0, ""))
+    monkeypatch.setattr(cli, "run_playbook", playbooks)
+    code, err = refused(capsys, "switchover", "-i", "inv", *argv)
+    assert code == 1 and said_ in err, err
+    assert [c["name"] for c in playbooks.calls] == ["status"], "failover.yml never ran"
+
+
 def test_unfence_runs_the_playbook_with_the_node(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     playbooks = Playbooks(failover=(0, said("Say what the unfence did", "node1: was not fenced")))
     monkeypatch.setattr(cli, "run_playbook", playbooks)
@@ -217,6 +269,8 @@ def test_unfence_runs_the_playbook_with_the_node(monkeypatch: pytest.MonkeyPatch
     (["failover", "--cohort", "0"], "the following arguments are required: -i/--inventory"),
     (["switchover"], "the following arguments are required: -i/--inventory"),
     (["switchover", "-i", "inv", "--cohort", "-2"], "argument --cohort: '-2' is not a cohort number"),
+    (["switchover", "-i", "inv", "--replica", "x"], "argument --replica: 'x' is not a replica number"),
+    (["failover", "-i", "inv", "--cohort", "0", "--replica", "-1"], "argument --replica: '-1' is not a replica number"),
 ])
 def test_failover_and_switchover_refuse_wrong_options(capsys: pytest.CaptureFixture[str], argv: list[str], said_: str):
     code, err = refused(capsys, *argv)

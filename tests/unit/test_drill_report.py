@@ -249,13 +249,16 @@ class Frontend(BaseHTTPRequestHandler):
     lock = threading.Lock()
 
     def do_POST(self) -> None:  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        asked = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         with Frontend.lock:
             Frontend.served += 1
             ok = Frontend.served <= Frontend.ok_first
         if Frontend.delay:
             threading.Event().wait(Frontend.delay)
-        body = json.dumps({"choices": [{"message": {"content": None}}]} if ok else {"message": "unavailable"}).encode()
+        answer: dict[str, Any] = {"choices": [{"message": {"content": None}}]} if ok else {"message": "unavailable"}
+        if ok and asked.get("nvext") == {"extra_fields": ["worker_id"]}:  # Dynamo names the worker when asked
+            answer["nvext"] = {"worker_id": {"prefill_worker_id": 255, "decode_worker_id": 255}}
+        body = json.dumps(answer).encode()
         self.send_response(200 if ok else 503)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -284,6 +287,7 @@ def test_load_is_bounded_and_records_every_answer(frontend: str) -> None:
     assert len(requests) == 20  # 40/s for 0.5 s, open loop
     assert [r.seq for r in requests] == list(range(20))
     assert sum(r.ok for r in requests) == 5 and {r.status for r in requests if not r.ok} == {503}
+    assert {r.worker for r in requests if r.ok} == {"ff"} and {r.worker for r in requests if not r.ok} == {""}
     spacing = [b.start - a.start for a, b in zip(requests, requests[1:])]
     assert max(spacing) < 0.5, spacing  # open loop at 0.025 s; a safety bound for a loaded machine
     summary = summarize(requests)

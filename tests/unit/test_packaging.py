@@ -42,8 +42,9 @@ def test_the_tarball_holds_the_license_and_the_generated_changelog(tarball: Path
 
 DEV_ONLY = ("testbed/", "scripts/", "extensions/", "monitoring/", "inventories/testbed/", ".ci/", ".ansible-lint",
             "Makefile", "requirements/dev.in", "requirements/dev.lock", "requirements/bench-client.txt")
-SIZE_BOUND = 750_000  # bytes; 1,046,737 with the dev-only paths (issue #42), 628,445 without; 706,330 once 0.2.0's
-# changelog was released (CHANGELOG.md and changelogs/changelog.yaml, about 35,000 bytes compressed)
+SIZE_BOUND = 800_000  # bytes; 1,046,737 with the dev-only paths (issue #42), 628,445 without; 706,330 once 0.2.0's
+# changelog was released (CHANGELOG.md and changelogs/changelog.yaml, about 35,000 bytes compressed); 753,509 with
+# the fleet (issue #39: its plan, records, drills, CLI and docs/fleet.md, about 45,000 bytes compressed)
 
 
 def test_the_tarball_has_no_dev_only_path_and_stays_small(tarball: Path):

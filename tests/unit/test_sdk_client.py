@@ -25,9 +25,14 @@ COMPLETION = {"id": "c", "object": "chat.completion", "created": 0, "model": "m"
                            "message": {"role": "assistant", "content": "ok"}}]}
 
 
-def chunk(finish: str | None) -> bytes:
+WORKER = {"worker_id": {"prefill_worker_id": 0x1234, "decode_worker_id": 0x1234}}  # Dynamo's answer to nvext
+
+
+def chunk(finish: str | None, nvext: dict | None = None) -> bytes:
     body = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
             "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": finish}]}
+    if nvext:
+        body["nvext"] = nvext
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
@@ -68,8 +73,10 @@ def server() -> Iterator[tuple[str, Script]]:
                 self.end_headers()
                 self.wfile.write(payload)
                 return
+            # Dynamo's frontend names the worker in the answer when the request asks (nvext.extra_fields)
+            nvext = WORKER if (body.get("nvext") or {}).get("extra_fields") == ["worker_id"] else None
             if not body.get("stream"):
-                payload = json.dumps(COMPLETION).encode()
+                payload = json.dumps({**COMPLETION, **({"nvext": nvext} if nvext else {})}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
@@ -80,12 +87,12 @@ def server() -> Iterator[tuple[str, Script]]:
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
             self.end_headers()
-            self.wfile.write(chunk(None))
+            self.wfile.write(chunk(None, nvext))
             if what == "cut":
                 self.wfile.flush()
                 self.close_connection = True
                 return  # the stream ends without a finish reason (the engine died mid-way)
-            self.wfile.write(chunk("length") + b"data: [DONE]\n\n")
+            self.wfile.write(chunk("length", nvext) + b"data: [DONE]\n\n")
             self.close_connection = True
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -112,3 +119,6 @@ def test_both_counts_come_out_of_the_sdks_own_retries(server):
     plain = client.send("m", 5, stream=False)
     assert (plain.ok, plain.first_ok, plain.attempts) == (True, True, 1)
     assert script.seen == {1: 2, 2: 1, 3: 1, 4: 1, 5: 1}  # the SDK retried the 503 once, nothing else
+    # every request asked Dynamo to name its worker; the answers (streamed or not) name it, in discovery's hex
+    assert (retried.worker, streamed.worker, plain.worker, cut.worker, missing.worker) == (
+        "1234", "1234", "1234", "1234", "")

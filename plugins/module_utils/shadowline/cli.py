@@ -212,53 +212,48 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 
 def cmd_failover(args: argparse.Namespace) -> int:
-    """failover: playbooks/failover.yml for one cohort (-e cohort, mode), or a node's fence lifted (-e unfence)."""
+    """failover: playbooks/failover.yml for one cohort (-e cohort, mode; a fleet's replica: -e replica), or a node's
+    fence lifted (-e unfence)."""
     if args.unfence is not None:
-        if args.mode is not None:
-            raise SystemExit(f"{PROG} failover: --mode is for --cohort; --unfence {args.unfence} takes none")
+        for option, value in (("--mode", args.mode), ("--replica", args.replica)):
+            if value is not None:
+                raise SystemExit(f"{PROG} failover: {option} is for --cohort; --unfence {args.unfence} takes none "
+                                 "(a node is unfenced whatever its replica)")
         return run_failover("failover", args.inventory, {"unfence": args.unfence}, re.escape(args.unfence) + ": ",
                             args.check)
-    extra = {"cohort": args.cohort, "mode": args.mode or "planned"}
+    extra = {"cohort": args.cohort, "mode": args.mode or "planned", **replica_extra(args.replica)}
     return run_failover("failover", args.inventory, extra, r"cohort [0-9]+: ", args.check)
+
+
+def replica_extra(replica: int | None) -> dict[str, int]:
+    """failover.yml's ``replica`` extra variable for --replica (none given: none passed, and failover.yml refuses a
+    fleet naming the replicas there are)."""
+    return {} if replica is None else {"replica": replica}
 
 
 def cmd_switchover(args: argparse.Namespace) -> int:
     """switchover: the serving cohort (from playbooks/status.yml's lock holder) handed over to a parked shadow:
     playbooks/failover.yml with mode handover (the serving worker drained first, as upgrade.yml does)."""
-    from .cluster.status_table import table_rows
+    from .cluster.status_table import replica_holders, table_rows
+    from .cluster.switchover import Refused, replica_rows, switchover_cohort
     run = run_playbook("status", args.inventory)
-    rows, holder = table_rows(status_lines(run.stdout))
+    lines = status_lines(run.stdout)
+    rows, holder = table_rows(lines)
     if run.returncode != 0 or not rows:
         console.err(run.stdout + run.stderr)
         raise SystemExit(f"{PROG} switchover: cannot read the status of {args.inventory} (playbooks/status.yml, "
                          "above); nothing was changed")
-    serving = switchover_cohort(rows, holder, args.cohort)
-    console.out(f"cohort {serving} serves: handing it over to a parked shadow (failover.yml mode=handover"
+    try:
+        rows, holder = replica_rows(rows, holder, replica_holders(lines), args.replica)
+        serving = switchover_cohort(rows, holder, args.cohort)
+    except Refused as err:
+        raise SystemExit(f"{PROG} switchover: {err}") from None
+    where = "" if args.replica is None else f" of replica {args.replica}"
+    console.out(f"cohort {serving}{where} serves: handing it over to a parked shadow (failover.yml mode=handover"
                 + (", check mode)" if args.check else ")"))
-    return run_failover("switchover", args.inventory, {"cohort": serving, "mode": "handover"}, r"cohort [0-9]+: ",
-                        args.check)
-
-
-def switchover_cohort(rows: list[tuple[str, ...]], holder: str | None, asked: int | None) -> int:
-    """The cohort a switchover hands over: the lock holder's, when a shadow of another cohort is parked to take
-    over (what failover.yml's planned and handover modes require too). ``asked``: the cohort the person named."""
-    from .cluster.status_table import COLUMNS, NO_HOLDER
-    from .common.lock import parse_holder
-    serving = parse_holder(holder or "")
-    if serving is None:
-        held = "nobody holds the failover lock" if holder in (None, "", NO_HOLDER) else f"the lock holder is {holder}"
-        raise SystemExit(f"{PROG} switchover: no cohort serves ({held}): nothing to hand over. Fix: see "
-                         "`shadowline status`; `shadowline failover --cohort N` relaunches a cohort")
-    if asked is not None and asked != serving:
-        raise SystemExit(f"{PROG} switchover: --cohort {asked} does not serve (engine-{serving} holds the lock): a "
-                         f"switchover hands the serving cohort over. Fix: --cohort {serving}, or "
-                         f"`shadowline failover --cohort {asked}` to relaunch cohort {asked}")
-    cells = [dict(zip(COLUMNS, row)) for row in rows]
-    if not any(c["state"] == "parked" and c["cohort"] != str(serving) for c in cells):
-        raise SystemExit(f"{PROG} switchover: cohort {serving} serves and no shadow is parked to take over: serving "
-                         "would stop until the relaunch. Fix: wait for a parked shadow (`shadowline status`), or "
-                         f"`shadowline failover --cohort {serving} --mode forced`")
-    return serving
+    return run_failover("switchover", args.inventory, {"cohort": serving, "mode": "handover",
+                                                       **replica_extra(args.replica)},
+                        r"cohort [0-9]+: ", args.check)
 
 
 def run_failover(command: str, inventory: str, extra: dict, said: str, check: bool) -> int:
@@ -521,6 +516,8 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--cohort", type=at_least(0, "a cohort number"), metavar="N",
                         help="the cohort to fail over (0 is the primary; `shadowline plan` lists them)")
     target.add_argument("--unfence", metavar="NODE", help="the inventory name of a fenced node to return to service")
+    failover.add_argument("--replica", type=at_least(0, "a replica number"), metavar="N",
+                          help="a fleet (docs/fleet.md): the replica whose cohort fails over (required there)")
     failover.add_argument("--mode", choices=["planned", "handover", "forced"],
                           help="planned (default), handover or forced (see above)")
     failover.add_argument("--check", action="store_true", help="say what would be done, change nothing")
@@ -535,6 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
     switchover.add_argument("-i", "--inventory", required=True, help="inventory (as for ansible-playbook -i)")
     switchover.add_argument("--cohort", type=at_least(0, "a cohort number"), metavar="N",
                             help="the cohort you expect to serve: refused if another one does")
+    switchover.add_argument("--replica", type=at_least(0, "a replica number"), metavar="N",
+                            help="a fleet (docs/fleet.md): the replica whose serving cohort is handed over "
+                                 "(required there)")
     switchover.add_argument("--check", action="store_true", help="say what would be done, change nothing")
 
     history = add("history", cmd_history, "the agents' events, or drill reports, in time order",

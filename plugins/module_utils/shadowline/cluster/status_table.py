@@ -128,5 +128,17 @@ def table_rows(lines: list[str]) -> tuple[list[tuple[str, ...]], str | None]:
     return rows, holder
 
 
+def replica_holders(lines: list[str]) -> dict[int, str | None]:
+    """A fleet's table's lock holder per replica, read back from its "replica q: lock holder ...; ..." lines
+    (render_status_table); {} for a table of one replica."""
+    holders: dict[int, str | None] = {}
+    for line in lines[2:]:
+        head, _colon, rest = line.partition(": lock holder ")
+        if line.startswith("replica ") and rest and head[len("replica "):].isdigit():
+            holder = rest.split(";", 1)[0].strip()
+            holders[int(head[len("replica "):])] = None if holder == NO_HOLDER else holder
+    return holders
+
+
 def _number(text: str) -> int | str:
     return int(text) if text.isdigit() else text

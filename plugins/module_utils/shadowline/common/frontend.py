@@ -32,6 +32,10 @@ class Request:
     first_ok: bool | None = None
     first_status: int | None = None  # the first attempt's HTTP status (0: no answer)
     stream: bool = False
+    # The Dynamo worker that served it (its instance id in hex, as discovery keys it), where the request asked
+    # the frontend for it (``nvext.extra_fields: ["worker_id"]``, completion_body's ``which_worker``); "" when
+    # not asked or not answered.
+    worker: str = ""
 
     def to_dict(self) -> dict[str, object]:
         record = asdict(self)
@@ -46,9 +50,28 @@ def first_attempt_ok(record: dict) -> bool:
     return bool(record["ok"] if first is None else first)
 
 
-def completion_body(model: str, max_tokens: int = 4) -> bytes:
-    return json.dumps({"model": model, "messages": [{"role": "user", "content": PROMPT}],
-                       "max_tokens": max_tokens, "stream": False}).encode()
+WORKER_ID = {"extra_fields": ["worker_id"]}  # Dynamo's request extension: name the serving worker in the answer
+
+
+def completion_body(model: str, max_tokens: int = 4, which_worker: bool = False) -> bytes:
+    """A chat completion's body; ``which_worker``: ask Dynamo's frontend to name the worker that serves it (the
+    drills' load, to say which replica served each request)."""
+    body: dict[str, object] = {"model": model, "messages": [{"role": "user", "content": PROMPT}],
+                               "max_tokens": max_tokens, "stream": False}
+    if which_worker:
+        body["nvext"] = WORKER_ID
+    return json.dumps(body).encode()
+
+
+def serving_worker(answer: object) -> str:
+    """The decode worker an answer names in ``nvext.worker_id`` (Dynamo 1.6.1's response extension, asked for
+    with ``nvext.extra_fields``), as the hex instance id discovery keys it by; "" when the answer names none."""
+    nvext = answer.get("nvext") if isinstance(answer, dict) else None
+    named = nvext.get("worker_id") if isinstance(nvext, dict) else None
+    worker = named.get("decode_worker_id") if isinstance(named, dict) else None
+    if isinstance(worker, bool) or not isinstance(worker, int) or worker < 0:
+        return ""
+    return f"{worker:x}"
 
 
 def complete(url: str, model: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -71,12 +94,15 @@ def exchange(url: str, body: bytes, timeout_s: float, seq: int = 0,
     http = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body, method="POST",
                                   headers={"Content-Type": "application/json"})
     payload = b""
+    worker = ""
     try:
         with direct_opener(context)(http, timeout_s) as response:
             payload = response.read()
             status = response.status
         try:
-            ok = status == 200 and "choices" in json.loads(payload)
+            answer = json.loads(payload)
+            ok = status == 200 and isinstance(answer, dict) and "choices" in answer
+            worker = serving_worker(answer)
             error = "" if ok else f"unexpected body: {payload[:120]!r}"
         except ValueError:
             ok, error = False, f"not JSON: {payload[:120]!r}"
@@ -93,7 +119,7 @@ def exchange(url: str, body: bytes, timeout_s: float, seq: int = 0,
         reason = getattr(err, "reason", err)
         error = "timeout" if "timed out" in str(reason) else str(reason)[:160]
     record = Request(seq=seq, start=start, end=time.time(), status=status, ok=ok, error=error,
-                     end_mono=time.monotonic())
+                     end_mono=time.monotonic(), worker=worker)
     return record, payload.decode("utf-8", "replace") if payload else error
 
 

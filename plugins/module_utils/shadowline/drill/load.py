@@ -48,7 +48,7 @@ def run_load(url: str, model: str, rate: float = 20.0, duration_s: float = 30.0,
     if rate <= 0 or duration_s <= 0 or max_requests <= 0:
         raise ValueError("rate, duration_s and max_requests must be positive")
     stop = stop or threading.Event()
-    body = completion_body(model, max_tokens)
+    body = completion_body(model, max_tokens, which_worker=True)
     sdk = sdk_client.SdkClient(url, timeout_s, context) if client == "openai" else None
     longest_s = sdk.longest_s if sdk else timeout_s
     results: list[Request] = []

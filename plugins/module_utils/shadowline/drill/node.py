@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from ..cluster import discovery
 from ..cluster.access import etcd_for, frontend_context
 from ..cluster.cohort_state import leader_view, lock_holder, unit_status
 from ..common import console
@@ -105,6 +106,16 @@ def slots(plan: Plan) -> dict[str, dict[str, Any]] | None:
         return None
     return {str(c): {"generation": s.generation, "state": s.state, "reason": s.reason, "attempts": s.attempts,
                      "since": s.since} for c, (s, _rev) in records.items()}
+
+
+def workers(plan: Plan) -> dict[str, str | None]:
+    """Every Dynamo worker registered in discovery, the whole deployment's (every replica's): {instance id (hex):
+    the host address of its request plane}, which names its replica's leader node (drill/serving.py); {} when
+    etcd is away."""
+    try:
+        return {reg.instance_id: reg.host for reg in discovery.registrations(etcd_for(plan))}
+    except EtcdError:
+        return {}
 
 
 def steady(plan: Plan) -> tuple[str | None, dict[str, Any]]:

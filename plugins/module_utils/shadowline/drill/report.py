@@ -38,6 +38,7 @@ from .faults import FAULTS, Fault
 from .outage import outage, rel
 from .report_checks import check
 from .report_text import timeline
+from .serving import serving
 
 Evidence = Dict[str, Any]
 
@@ -330,7 +331,8 @@ def compute_report(evidence: Evidence) -> dict[str, Any]:
     ``cohorts`` (number); ``before`` / ``after`` {holder, slots, leaders, gms: {host: {pid, resident}},
     agents: {host: pid}} plus ``before.processes`` {host: {cohort: {main_pid, processes}}} and
     ``after.survivors`` {host: [{cohort, pid, start, cmd}]}, ``after.settled``, ``after.settle_note``;
-    ``events`` (every node's events); ``requests`` [{seq, start, end, status, ok, error}].
+    ``events`` (every node's events); ``requests`` [{seq, start, end, status, ok, error, worker}]; ``workers``
+    {worker instance id (hex): replica} (drill/serving.py: which replica served each request).
     """
     d = Drill.of(evidence)
     found = failures(d)
@@ -341,6 +343,7 @@ def compute_report(evidence: Evidence) -> dict[str, Any]:
         "injected_at": d.t0, "serving_before": d.before.get("holder"), "serving_after": d.after.get("holder"),
     }
     for section in (detection(d, found), teardown(d, found), promotion(d, promoted), request_figures(d, promoted),
+                    serving(d.requests, d.t0, evidence.get("workers") or {}),
                     relaunch(d, found), processes(d, found), services(d), end_state(d)):
         report.update(_entries(section))
     report["timeline"] = timeline(evidence, report, d.events, d.t0)

@@ -131,6 +131,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
            else ""),
         f"relaunch complete {_fmt(report['relaunch_s'])}",
         f"orphans           {len(report['orphans'])}",
+        *_serving_lines(report),
     ]
     if report["fault"] == "kill-agent":
         restarted = ", ".join(f"{h} at {_fmt(t)}" for h, t in report["agents_restarted"].items()) or "none"
@@ -145,6 +146,26 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     if report.get("cut"):
         lines.append(f"link down         {_fmt(report['cut'].get('down'))} .. up {_fmt(report['cut'].get('up'))}")
     return lines
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+def _serving_lines(report: dict[str, Any]) -> list[str]:
+    """Which replica served the load before the fault and from it on, and the latency the fault added
+    (drill/serving.py); nothing for a report computed before these figures existed."""
+    served, latency = report.get("served_by"), report.get("latency_s")
+    if not served or not latency:
+        return []
+
+    def counts(phase: str) -> str:
+        return ", ".join(f"{n} by {'replica ' + k if k != 'unknown' else 'an unnamed worker'}"
+                         for k, n in served[phase].items()) or "none"
+    return [f"served            before the fault {counts('before_fault')}; from the fault on {counts('from_fault')}",
+            f"added latency     p50 {_ms(latency['added_p50'])}, p99 {_ms(latency['added_p99'])} "
+            f"(baseline before the fault: p50 {_ms(latency['baseline_p50'])}, p99 {_ms(latency['baseline_p99'])},"
+            f" {latency['baseline_n']} requests)"]
 
 
 def _compress_launches(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -19,9 +19,9 @@ from __future__ import annotations
 import ssl
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from ..common.frontend import PROMPT, Request
+from ..common.frontend import PROMPT, WORKER_ID, Request, serving_worker
 
 SEQ_HEADER = "x-shadowline-seq"
 API_KEY = "shadowline-drill"  # the frontend asks for none; the SDK wants one
@@ -94,10 +94,10 @@ class SdkClient:
 
     def send(self, model: str, seq: int, stream: bool, max_tokens: int = 4) -> Request:
         start = time.time()
-        ok, status, error = False, 0, ""
+        ok, status, error, worker = False, 0, "", ""
         messages = [{"role": "user", "content": PROMPT}]
         try:
-            ok, error = self._complete(model, messages, seq, stream, max_tokens)
+            ok, error, worker = self._complete(model, messages, seq, stream, max_tokens)
         except self.openai.APIStatusError as err:
             status, error = err.status_code, str(err.message)[:160]
         except self.openai.APITimeoutError:
@@ -112,21 +112,27 @@ class SdkClient:
         return Request(seq=seq, start=start, end=time.time(), status=status, ok=ok, error=error,
                        end_mono=time.monotonic(), attempts=max(1, len(attempts)),
                        first_ok=ok and len(attempts) <= 1, first_status=attempts[0] if attempts else status,
-                       stream=stream)
+                       stream=stream, worker=worker)
 
     def _complete(self, model: str, messages: List[Dict[str, str]], seq: int, stream: bool,
-                  max_tokens: int) -> tuple:
+                  max_tokens: int) -> Tuple[bool, str, str]:
+        """(served, why not, the serving worker): Dynamo's ``nvext`` asks the frontend to name the worker in the
+        answer (a non-streaming answer's ``nvext``, a stream's chunks'); the SDK keeps unknown fields."""
         headers = {SEQ_HEADER: str(seq)}
         create = self.client.chat.completions.create
+        extra = {"nvext": WORKER_ID}
         if not stream:
-            completion = create(model=model, messages=messages, max_tokens=max_tokens, extra_headers=headers)
-            return (True, "") if completion.choices else (False, "an answer without choices")
-        chunks, finished = 0, None
+            completion = create(model=model, messages=messages, max_tokens=max_tokens, extra_headers=headers,
+                                extra_body=extra)
+            worker = serving_worker(completion.model_extra or {})
+            return (True, "", worker) if completion.choices else (False, "an answer without choices", worker)
+        chunks, finished, worker = 0, None, ""
         for chunk in create(model=model, messages=messages, max_tokens=max_tokens, stream=True,
-                            extra_headers=headers):
+                            extra_headers=headers, extra_body=extra):
             chunks += 1
+            worker = serving_worker(chunk.model_extra or {}) or worker  # the last named: a migrated stream's
             if chunk.choices and chunk.choices[0].finish_reason:
                 finished = chunk.choices[0].finish_reason
         if finished is None:
-            return False, f"the stream ended after {chunks} chunks without a finish reason"
-        return True, ""
+            return False, f"the stream ended after {chunks} chunks without a finish reason", worker
+        return True, "", worker
