@@ -211,9 +211,11 @@ def test_a_refused_failover_prints_the_playbook_and_its_reason_and_fails(monkeyp
 
 def test_failover_of_a_fleets_replica_passes_it_to_the_playbook(monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str]):
-    playbooks = Playbooks(failover=(0, said("Show the timeline", TIMELINE)))
+    # a blank in front, as a folded template leaves one: still the timeline
+    playbooks = Playbooks(failover=(0, said("Show the timeline", " " + TIMELINE)))
     monkeypatch.setattr(cli, "run_playbook", playbooks)
     assert cli.main(["failover", "-i", "inv", "--replica", "1", "--cohort", "0", "--mode", "handover"]) == 0
+    assert capsys.readouterr().out.strip() == TIMELINE
     assert playbooks.calls[0]["extra"] == {"cohort": 0, "mode": "handover", "replica": 1}
     code, err = refused(capsys, "failover", "-i", "inv", "--unfence", "node1", "--replica", "1")
     assert code == 1 and "--replica is for --cohort" in err and len(playbooks.calls) == 1

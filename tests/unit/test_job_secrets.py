@@ -50,9 +50,11 @@ def test_each_node_gets_its_own_certificates_and_the_job_passwords(tmp_path):
         members = {m.name: m for m in tar.getmembers()}
         for rank, address in enumerate(ADDRESSES):
             files = {name.split("/", 1)[1]: m.mode for name, m in members.items() if name.startswith(f"node-{rank}/")}
+            infra = plan.nodes[rank].host in plan.infra_hosts  # the job's etcd: its token signing key pair
             assert files == {"ca.crt": 0o644, "client.crt": 0o644, "client.key": 0o600, "server.crt": 0o644,
                              "server.key": 0o600, "dynamo.env": 0o600, "etcd-agent.password": 0o600,
-                             "client.pem": 0o600, "etcd-client.crt": 0o644, "etcd-client.key": 0o600}
+                             "client.pem": 0o600, "etcd-client.crt": 0o644, "etcd-client.key": 0o600,
+                             **({"etcd-jwt.key": 0o600, "etcd-jwt.pub": 0o644} if infra else {})}
             server = x509.load_pem_x509_certificate(tar.extractfile(f"node-{rank}/server.crt").read())
             names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
             assert ipaddress.ip_address(address) in names.get_values_for_type(x509.IPAddress)

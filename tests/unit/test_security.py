@@ -93,13 +93,14 @@ def test_secrets_are_private_and_never_in_the_plan_or_a_unit(tmp_path: Path):
     root = tmp_path / "secrets"
     for path in map(Path, written):
         mode = stat.S_IMODE(path.stat().st_mode)
-        assert mode == (0o644 if path.suffix == ".crt" else 0o600), (path, oct(mode))
+        assert mode == (0o644 if path.suffix in (".crt", ".pub") else 0o600), (path, oct(mode))
     for directory in [root, *[p for p in root.rglob("*") if p.is_dir()]]:
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
     secrets = [p.read_text().strip() for p in root.rglob("*.password")]
     secrets += [p.read_text() for p in root.rglob("*.key")]
-    # passwords; CA key; 3 client keys; the controller's; 3 server keys; 3 + 1 etcd client keys (hosts, controller)
-    assert len(secrets) == 3 + 1 + 3 + 1 + 3 + 4
+    # passwords; CA key; 3 client keys; the controller's; 3 server keys; 3 + 1 etcd client keys (hosts, controller);
+    # etcd's token signing key
+    assert len(secrets) == 3 + 1 + 3 + 1 + 3 + 4 + 1
     rendered = str(plan.to_dict()) + "".join(all_units(plan).values())
     assert not [s for s in secrets if s.strip() in rendered]
     files = {f["dest"].rsplit("/", 1)[1]: f for f in host_files(plan, "node0")}
@@ -107,6 +108,9 @@ def test_secrets_are_private_and_never_in_the_plan_or_a_unit(tmp_path: Path):
     assert files["etcd-root.password"]["owner"] == "root" and "server.key" in files  # node0 is the infra host
     node1 = {f["dest"].rsplit("/", 1)[1] for f in host_files(plan, "node1")}
     assert "etcd-root.password" not in node1 and "server.key" in node1  # every node: the agent's endpoint
+    # etcd's token signing key: the infra host's etcd (its service user) alone
+    assert (files["etcd-jwt.key"]["owner"], files["etcd-jwt.key"]["mode"]) == (plan.service_user, "0600")
+    assert "etcd-jwt.pub" in files and not {"etcd-jwt.key", "etcd-jwt.pub"} & node1
 
 
 def test_etcd_client_certificates_only_where_etcds_clients_use_tls(tmp_path: Path):
@@ -410,6 +414,12 @@ def test_etcd_peers_and_clients_talk_tls_unless_insecure():
     assert argv[argv.index("--advertise-client-urls") + 1] == "https://198.18.0.51:2379"
     assert argv[argv.index("--trusted-ca-file") + 1] == plan.security.ca and "--client-cert-auth" in argv
     assert argv[argv.index("--cert-file") + 1] == plan.security.server_cert
+    # signed tokens, valid a year on every member and across restarts: a shadow parked for weeks, or across an etcd
+    # restart, still wakes (etcd's default simple tokens die unused after 300 s, and with the member)
+    token = dict(o.split("=", 1) for o in argv[argv.index("--auth-token") + 1].split(",")[1:])
+    assert argv[argv.index("--auth-token") + 1].startswith("jwt,") and token["sign-method"] == "ES256"
+    assert (token["pub-key"], token["priv-key"]) == (plan.security.etcd_jwt_pub, plan.security.etcd_jwt_key)
+    assert int(token["ttl"].rstrip("s")) >= 30 * 24 * 3600
     insecure = build_plan(parse_contract({h: {**v, "gms_insecure": True} if h in hosts else v for h, v in hv.items()},
                                          hosts, ["infra0", "infra1", "infra2"])[0])
     assert "--peer-client-cert-auth" not in insecure.infra.etcd[1].argv

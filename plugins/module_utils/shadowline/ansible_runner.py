@@ -54,8 +54,9 @@ def run_playbook(name: str, inventory: str, extra: dict | None = None, check: bo
 
 
 def messages(output: str, start: str) -> list[str]:
-    """The ``msg`` values of a playbook's results (JSON format) that start with the pattern ``start``."""
-    return [json.loads(f'"{m}"') for m in re.findall(rf'"msg": "((?:{start})(?:[^"\\]|\\.)*)"', output)]
+    """The ``msg`` values of a playbook's results (JSON format) that start with the pattern ``start`` (after any
+    blanks a folded template left in front)."""
+    return [json.loads(f'"{m}"') for m in re.findall(rf'"msg": " *((?:{start})(?:[^"\\]|\\.)*)"', output)]
 
 
 def failure_of(output: str) -> str | None:

@@ -10,8 +10,8 @@ another deployment, when the CA changed, or when it expires within 30 days. Need
 on the controller (ansible-core's own dependency).
 
 Layout of ``pki_dir``: ``ca.crt``, ``ca.key``, ``hosts/<host>/{client,server,etcd-client}.{crt,key}``,
-``hosts/<host>/client.pem`` (the client certificate and key in one file, for HAProxy), and
-``controller/{client,etcd-client}.*``.
+``hosts/<host>/client.pem`` (the client certificate and key in one file, for HAProxy),
+``controller/{client,etcd-client}.*``, and ``jwt.{key,pub}``: the key pair etcd signs its auth tokens with.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ CA_DAYS = 3650
 LEAF_DAYS = 397
 RENEW_BEFORE = datetime.timedelta(days=30)
 CLIENT, SERVER, ETCD_CLIENT = "client", "server", "etcd-client"
+JWT_KEY, JWT_PUB = "jwt.key", "jwt.pub"  # etcd's token signing key pair (EC P-256, ES256), every member's
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ def ensure_pki(pki_dir: str, deployment: str, hosts: list[tuple[str, str]], infr
         save_key(ca_key_path, ca_key)
         save_cert(ca_cert_path, ca_cert)
 
+    written += _ensure_jwt_pair(pki_dir)
     for subject in subjects(deployment, hosts, infra, etcd_clients):
         directory = os.path.join(pki_dir, subject.directory)
         _private_dir(directory)
@@ -166,6 +168,31 @@ def ensure_pki(pki_dir: str, deployment: str, hosts: list[tuple[str, str]], infr
             save_cert(cert_path, builder.sign(ca_key, hashes.SHA256()))
         if etcd_clients and subject.kind == CLIENT and subject.directory.startswith("hosts/"):
             written += _ensure_pem(os.path.join(directory, "client.pem"), cert_path, key_path)
+    return written
+
+
+def _ensure_jwt_pair(pki_dir: str) -> list[str]:
+    """etcd's token signing key pair (``--auth-token jwt``), made once: the key in SEC1 PEM ("EC PRIVATE KEY", what
+    etcd 3.4's JWT library reads), its public key beside it, written again only when missing or not the key's.
+    A new pair ends every token etcd handed out (a parked shadow's among them): rotate it as the CA, with a
+    relaunch of the shadows after (docs/security.md)."""
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
+
+    key_path, pub_path = os.path.join(pki_dir, JWT_KEY), os.path.join(pki_dir, JWT_PUB)
+    written = []
+    if os.path.exists(key_path):
+        with open(key_path, "rb") as handle:
+            key = serialization.load_pem_private_key(handle.read(), None)
+    else:
+        key = ec.generate_private_key(ec.SECP256R1())
+        _write(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                           serialization.NoEncryption()), 0o600)
+        written.append(key_path)
+    pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if not os.path.exists(pub_path) or open(pub_path, "rb").read() != pub:  # noqa: SIM115
+        _write(pub_path, pub, 0o644)
+        written.append(pub_path)
     return written
 
 

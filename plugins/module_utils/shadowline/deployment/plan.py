@@ -141,6 +141,16 @@ class Security:
         return f"{self.dir}/server.key"
 
     @property
+    def etcd_jwt_key(self) -> str:
+        """The key etcd signs its auth tokens with (the same on every member: a token one issued, every one takes);
+        infra hosts only."""
+        return f"{self.dir}/etcd-jwt.key"
+
+    @property
+    def etcd_jwt_pub(self) -> str:
+        return f"{self.dir}/etcd-jwt.pub"
+
+    @property
     def etcd_client_cert(self) -> str:
         """The certificate the host's own etcd clients (the agent, the modules) present: one without a common name,
         since etcd 3.4's JSON gateway refuses a client certificate with one while authentication is on

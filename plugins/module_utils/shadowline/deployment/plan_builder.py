@@ -33,6 +33,15 @@ from .ports import cohort_ports, port_problems
 
 FRONTEND_MIGRATION_LIMIT = 3
 HAPROXY, PYTHON_PROXY = "haproxy", "python"  # what carries Dynamo's etcd client to TLS on a host (_etcd_proxy)
+# etcd's auth tokens: signed JWTs (ES256, the deployment's key on every member), valid for a year. A parked shadow's
+# Dynamo runtime authenticated when the shadow started and uses its token again only when it wakes, to register,
+# and Dynamo's etcd client never authenticates again. etcd's default simple tokens live in one member's memory and
+# die unused after 300 s (``--auth-token-ttl``) or with the member: measured on the testbed, a shadow parked 9.5
+# min, and one parked 40 s across an etcd restart, each failed to wake (its worker's first etcd write refused,
+# "The request does not have a valid authentication token"; the handover fell back to the old primary). A JWT
+# survives both, is taken by every member, and ends only when its year does; it is only ever held by a process on
+# a deployment host (over TLS, or its host's loopback proxy), made from that host's password file.
+ETCD_TOKEN_TTL_S = 365 * 24 * 3600
 
 
 def insecure_warning(deployment: str) -> str:
@@ -248,7 +257,9 @@ def _etcd_member(contract: Contract, dirs: _Dirs, security: Security, node: Node
             # keep one hour of history: a watcher's revision older than that is compacted (the agents' watch
             # then reads the view again, control/feed.py); without it the history grows until etcd's quota
             "--auto-compaction-mode", "periodic", "--auto-compaction-retention", "1h")
-    if not security.insecure:
+    if not security.insecure:  # role-based access (cluster/access.py): the tokens it hands out are JWTs
+        argv += ("--auth-token", f"jwt,pub-key={security.etcd_jwt_pub},priv-key={security.etcd_jwt_key},"
+                                 f"sign-method=ES256,ttl={ETCD_TOKEN_TTL_S}s")
         argv += ("--peer-cert-file", security.server_cert, "--peer-key-file", security.server_key,
                  "--peer-trusted-ca-file", security.ca, "--peer-client-cert-auth")
     if security.etcd_https:

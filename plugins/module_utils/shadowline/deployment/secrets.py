@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import secrets as random
 
-from .pki import _private_dir, _write, ensure_pki
+from .pki import JWT_KEY, JWT_PUB, _private_dir, _write, ensure_pki
 from .plan import ETCD_USERS, Plan
 
 
@@ -61,6 +61,8 @@ def host_files(plan: Plan, host: str) -> list[dict[str, str]]:
         files += [(os.path.join(pki, "hosts", host, "client.pem"), "client.pem", user, "0600"),
                   (os.path.join(pki, "hosts", host, "etcd-client.crt"), "etcd-client.crt", "root", "0644"),
                   (os.path.join(pki, "hosts", host, "etcd-client.key"), "etcd-client.key", "root", "0600")]
-    if host in plan.infra_hosts:
-        files += [(os.path.join(root, "etcd-root.password"), "etcd-root.password", "root", "0600")]
+    if host in plan.infra_hosts:  # etcd: its root password, and the key pair it signs its auth tokens with
+        files += [(os.path.join(root, "etcd-root.password"), "etcd-root.password", "root", "0600"),
+                  (os.path.join(pki, JWT_KEY), "etcd-jwt.key", user, "0600"),
+                  (os.path.join(pki, JWT_PUB), "etcd-jwt.pub", user, "0644")]
     return [{"src": src, "dest": f"{dest}/{name}", "owner": owner, "mode": mode} for src, name, owner, mode in files]
