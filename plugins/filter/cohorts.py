@@ -65,9 +65,10 @@ def replica_plan(plan: dict[str, Any], replica: int) -> dict[str, Any]:
     return Plan.from_dict(plan).for_replica(int(replica)).to_dict()
 
 
-def fleet_refusal(plan: dict[str, Any], playbook: str) -> str:
-    """Why ``playbook`` refuses this deployment (a fleet, for a playbook that acts on one replica), "" when not."""
-    return refusal_of_a_fleet(Plan.from_dict(plan), playbook)
+def fleet_refusal(plan: dict[str, Any], playbook: str, replica: object = "") -> str:
+    """Why ``playbook`` refuses this deployment (a fleet without ``replica``, for a playbook that acts on one replica
+    at a time), "" when not."""
+    return refusal_of_a_fleet(Plan.from_dict(plan), playbook, replica)
 
 
 def _selected(plan: Plan, only: list[int] | None) -> list[int]:

@@ -219,15 +219,16 @@ def test_ports_are_checked_on_every_replicas_leader():
 
 
 def test_a_fleet_is_deployed_and_the_playbooks_of_one_replica_refuse_it_naming_the_fix():
-    """site.yml deploys a fleet (preflight passes it); upgrade.yml acts on one replica and takes none yet: it
-    refuses a fleet before anything changes, and never one replica. drill.yml and failover.yml take a replica."""
+    """site.yml deploys a fleet (preflight passes it); upgrade.yml upgrades one replica at a time: it refuses a fleet
+    without a replica before anything changes, and never one replica or a fleet's named replica. drill.yml and
+    failover.yml take a replica too (their own checks)."""
     fleet_plan_, one = fleet_plan(), build_plan(parsed(*fleet(2, 2)))
     for playbook in ("upgrade.yml",):
         refusal = fleet_refusal(fleet_plan_, playbook)
-        assert refusal.startswith(f"gms_nodes: the deployment is a fleet of 2 replicas and {playbook} does not "
-                                  "take a replica yet"), refusal
-        assert "Nothing was changed. Fix:" in refusal and "docs/fleet.md" in refusal
-        assert fleet_refusal(one, playbook) == ""
+        assert refusal.startswith(f"replica: the deployment is a fleet of 2 replicas and {playbook} takes one"), refusal
+        assert "Nothing was changed. Fix: run it for each replica in turn, -e replica=0 then -e replica=1" in refusal
+        assert fleet_refusal(one, playbook) == "" and fleet_refusal(fleet_plan_, playbook, 1) == ""
+        assert fleet_refusal(fleet_plan_, playbook, "0") == ""
     for playbook in ("site.yml", "drill.yml", "failover.yml", "teardown.yml", "status.yml", "pause.yml", "model.yml",
                      "monitoring.yml"):
         assert fleet_refusal(fleet_plan_, playbook) == ""

@@ -80,22 +80,23 @@ def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], in
     return PreflightResult(contract, plan, problems, checks, plan_warnings(contract))
 
 
-NOT_FOR_A_FLEET = {  # playbook -> what it would do to a fleet: it acts on one replica and takes none yet
-    "upgrade.yml": "it hands over and checks replica 0's serving cohort only, so the other replicas would keep "
-                   "the old configuration",
+ONE_REPLICA_AT_A_TIME = {  # playbook -> why it acts on one replica of a fleet at a time
+    "upgrade.yml": "it upgrades one replica at a time (its shadows first, then its serving cohort hands over), so "
+                   "that every other replica serves throughout",
 }
 
 
-def fleet_refusal(plan: Plan, playbook: str) -> str:
+def fleet_refusal(plan: Plan, playbook: str, replica: object = "") -> str:
     """Why ``playbook`` refuses this deployment before it changes anything ("": it does not). A fleet
-    (docs/fleet.md) is deployed, torn down, paused, staged and watched by every playbook; those of NOT_FOR_A_FLEET
-    act on one replica and take no replica yet."""
-    if not plan.fleet or playbook not in NOT_FOR_A_FLEET:
+    (docs/fleet.md) is deployed, torn down, paused, staged and watched by every playbook; those of
+    ONE_REPLICA_AT_A_TIME act on one replica and need ``replica`` (the ``-e replica=q`` given, "" for none)."""
+    if not plan.fleet or playbook not in ONE_REPLICA_AT_A_TIME or str(replica) != "":
         return ""
-    return (f"gms_nodes: the deployment is a fleet of {len(plan.replicas)} replicas and {playbook} does not take a "
-            f"replica yet: {NOT_FOR_A_FLEET[playbook]}. Nothing was changed. Fix: a fleet fails over by itself (a "
-            "replica's agents relaunch and promote within it while the others serve: docs/fleet.md); status.yml "
-            "shows each replica, pause.yml pauses them all, site.yml deploys a changed configuration.")
+    last = len(plan.replicas) - 1
+    return (f"replica: the deployment is a fleet of {len(plan.replicas)} replicas and {playbook} takes one: "
+            f"{ONE_REPLICA_AT_A_TIME[playbook]}. Nothing was changed. Fix: run it for each replica in turn, "
+            f"-e replica=0 then -e replica=1 ... -e replica={last} (docs/fleet.md); `make status` shows each "
+            "replica's lock holder.")
 
 
 PRIVATE_TMP = ("/tmp/", "/var/tmp/")  # every unit runs with PrivateTmp=yes (deployment/units.py HARDENING)
