@@ -520,11 +520,13 @@ def test_no_secret_in_output_units_logs_or_plan(site: Site) -> None:
         modes = dict(line.split(" ", 1)[::-1] for line in
                      host_sh(host, f"stat -c '%a:%U %n' {plan['security']['dir']}/*").splitlines())
         for path, mode in modes.items():
-            expected = "644" if path.endswith(".crt") else "600"
+            public = path.endswith((".crt", ".pub"))  # certificates, and the public half of etcd's token key
+            expected = "644" if public else "600"
             assert mode.split(":")[0] == expected, f"{host}: {path} is {mode}"
-            if os.path.basename(path) in ("client.key", "server.key", "client.pem"):  # the service user's
+            # the service user's: what its services read (etcd runs as it: its token signing key)
+            if os.path.basename(path) in ("client.key", "server.key", "client.pem", "etcd-jwt.key"):
                 assert mode.endswith(":" + plan["service_user"]), f"{host}: {path} is {mode}"
-            elif not path.endswith(".crt"):
+            elif not public:
                 assert mode.endswith(":root"), f"{host}: {path} is {mode}"
 
 

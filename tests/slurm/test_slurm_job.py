@@ -175,10 +175,13 @@ def test_the_jobs_control_plane_is_closed(job, tmp_path_factory):
     expected = {"ca.crt": "644", "client.crt": "644", "client.key": "600", "server.crt": "644", "server.key": "600",
                 "dynamo.env": "600", "etcd-agent.password": "600", "client.pem": "600", "etcd-client.crt": "644",
                 "etcd-client.key": "600"}
-    for host in ("node0", "node1"):
+    # the job's etcd: its token signing key pair on its host only (the plan names the job's nodes by rank)
+    infra = {n["host"] for n in plan["infra"]["hosts"]}
+    for rank, host in enumerate(("node0", "node1")):
         listing = on(host, "bash", "-c", f"cd {secrets} && stat -c '%a %U %n' . *").splitlines()
         modes = {name: mode for mode, _owner, name in (line.split(" ", 2) for line in listing)}
-        assert modes == {".": "700", **expected}, f"{host}: {listing}"
+        jwt = {"etcd-jwt.key": "600", "etcd-jwt.pub": "644"} if plan["nodes"][rank]["host"] in infra else {}
+        assert modes == {".": "700", **expected, **jwt}, f"{host}: {listing}"
         assert {line.split(" ", 2)[1] for line in listing} == {"root"}  # the job's user on the testbed
         assert on(host, "bash", "-c", f"ls {plan['config_dir']}/.. | grep -c secrets.tar || true").strip() == "0"
     agent = on("node0", "cat", f"{secrets}/etcd-agent.password").strip()

@@ -77,18 +77,8 @@ class Slot:
     def parse(cls, value: bytes | str) -> Slot:
         """The record as its schema says, or RecordInvalid naming what is wrong: not JSON, a schema newer than
         this agent's, a field it does not know, a missing field, a value of the wrong type or out of range."""
-        try:
-            data = json.loads(value)
-        except (ValueError, UnicodeDecodeError) as err:
-            raise RecordInvalid(f"not JSON ({err})") from None
-        if not isinstance(data, dict):
-            raise RecordInvalid(f"not a JSON object but {type(data).__name__}")
-        schema = data.pop("schema", SLOT_SCHEMA)
-        if not is_int(schema) or schema < 1:
-            raise RecordInvalid(f"schema is {schema!r}, not a version number")
-        if schema > SLOT_SCHEMA:
-            raise RecordInvalid(f"schema {schema} is newer than this agent's ({SLOT_SCHEMA}): upgrade the agent",
-                                newer=True)
+        data = versioned_record(value, SLOT_SCHEMA, SLOT_SCHEMA)
+        schema = data.pop("schema")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -112,6 +102,25 @@ class Slot:
     @classmethod
     def from_kv(cls, kv: KV) -> Slot:
         return cls.parse(kv.value)
+
+
+def versioned_record(value: bytes | str, schema: int, default: int | None = None) -> dict[str, Any]:
+    """A record's JSON object whose ``schema`` this agent reads (at most ``schema``; ``default`` when it names
+    none, else it must), or RecordInvalid naming what is wrong: not JSON, not an object, no version number, a
+    newer schema (``newer``: written by a newer shadowline, left alone)."""
+    try:
+        data = json.loads(value)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise RecordInvalid(f"not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise RecordInvalid(f"not a JSON object but {type(data).__name__}")
+    data.setdefault("schema", default)
+    if not is_int(data["schema"]) or data["schema"] < 1:
+        raise RecordInvalid(f"schema is {data['schema']!r}, not a version number")
+    if data["schema"] > schema:
+        raise RecordInvalid(f"schema {data['schema']} is newer than this agent's ({schema}): upgrade the agent",
+                            newer=True)
+    return data
 
 
 def is_int(value: Any) -> bool:
