@@ -59,10 +59,11 @@ def engine_changed_cohorts(plan: dict[str, Any], changed_paths: list[str] | None
     return [c for c in cohorts if any(p.startswith(units.engine_dropin_dir(plan, c) + "/") for p in changed)]
 
 
-def replica_plan(plan: dict[str, Any], replica: int) -> dict[str, Any]:
+def replica_plan(plan: dict[str, Any], replica: int | str) -> dict[str, Any]:
     """One replica's own plan (Plan.for_replica, which refuses a replica the plan lacks, naming those there are):
-    its nodes, ranks, lock and leader; what drill.yml and failover.yml drive."""
-    return Plan.from_dict(plan).for_replica(int(replica)).to_dict()
+    its nodes, ranks, lock and leader; what drill.yml, failover.yml and upgrade.yml drive. ``replica`` as the
+    playbooks' ``-e replica`` gives it: "" (none given) is replica 0, whose plan a deployment of one replica is."""
+    return Plan.from_dict(plan).for_replica(int(replica) if str(replica) != "" else 0).to_dict()
 
 
 def fleet_refusal(plan: dict[str, Any], playbook: str, replica: object = "") -> str:

@@ -173,3 +173,16 @@ def test_the_gms_servers_of_other_revisions_are_the_ones_to_retire() -> None:
         {"unit": "shadowline-llama-gms.service", "path": f"{unit_dir}/shadowline-llama-gms.service", "socket_dir": None},
         {"unit": "shadowline-llama-gms@ffffffffffff.service", "path": f"{unit_dir}/shadowline-llama-gms@ffffffffffff.service",
          "socket_dir": f"{plan.socket_dir}/rev-ffffffffffff"}]
+
+
+def test_a_replicas_plan_from_the_playbooks_replica_variable(filters: dict) -> None:
+    """replica_plan takes ``-e replica`` as a playbook has it: "" (none given) is replica 0, a number as text
+    its replica; a replica the deployment lacks is refused naming those there are."""
+    from .test_replicas import fleet_plan  # noqa: PLC0415 (the 2-replica fleet of that file)
+
+    plan = fleet_plan().to_dict()
+    replica_plan = filters["replica_plan"]
+    assert replica_plan(plan, "") == replica_plan(plan, 0) == replica_plan(plan, "0")
+    assert [n["host"] for n in replica_plan(plan, "1")["nodes"]] == ["node2", "node3"]
+    with pytest.raises(KeyError, match="0, 1"):
+        replica_plan(plan, 2)
