@@ -32,7 +32,7 @@ import pytest
 
 from shadowline.common.coordination import Coordination
 from shadowline.deployment.units import CONFIG_ENV, cohort_config
-from testbed.inventory import failover_of_testbed
+from testbed.inventory import failover_under_load
 from testbed.pytest_fixtures import skip_reason
 
 from ..loopback import wait_until
@@ -49,8 +49,7 @@ LEADER = "node0"
 # stands: 1 s and 0.5 s (issue #14's choice) declared healthy leaders hung whenever a second testbed took the CPU
 # (issue #37: a canary unanswered for 0.7 s and a /health silent for 1 s moved serving 8 s before a drill's fault,
 # so the drill measured the wrong cohort; under a CPU hog, 3 s and 2 s still were not enough, 5 s was).
-EXTRA_VARS = {"gms_failover": failover_of_testbed(
-    stable_after_s=8, health_timeout_s=3.0, progress_stall_s=2.0, canary_interval_s=1.0)}
+EXTRA_VARS = {"gms_failover": failover_under_load()}  # those figures: testbed/inventory.py
 d = Deployed(INSTANCE, EXTRA_VARS)  # the deployment's helpers (tests/e2e/deployed.py)
 tb = d.tb  # testbed/testbed.py bound to instance 6 only (SHADOWLINE_TESTBED=6)
 playbook, on, events, lock_holder, completion_ok = d.playbook, d.on, d.events, d.lock_holder, d.completion_ok

@@ -33,7 +33,7 @@ from shadowline.cluster import discovery
 from shadowline.common.coordination import Keys, RecordInvalid, Slot
 from shadowline.common.etcd_client import Etcd
 from shadowline.common.frontend import send
-from testbed.inventory import failover_of_testbed
+from testbed.inventory import failover_under_load
 from testbed.pytest_fixtures import skip_reason
 
 from ..loopback import wait_until
@@ -45,11 +45,9 @@ INSTANCE = "8"
 # an engine's discovery lease of 60 s: Dynamo 1.6.1 ends an engine whose lease keep-alive failed that long, and
 # row 2 stops etcd for 30 s (the default, 30 s, survives about 20 s)
 LEASE_TTL_S = 60
-# Detection as the drills' and the fleet's (3 s of /health silence, 2 s of a stalled generation, 1 s canaries): the
-# testbed's own 1 s declared the serving leader hung in the middle of row 11 under CI's load (CI of stop 48), the
-# false positive issue #37 describes; no row measures the detection itself.
-EXTRA_VARS = {"gms_failover": failover_of_testbed(stable_after_s=8, wake_timeout_s=4, health_timeout_s=3.0,
-                                                  progress_stall_s=2.0, canary_interval_s=1.0),
+# Detection under load (testbed/inventory.py): the testbed's own 1 s declared the serving leader hung in the middle of
+# row 11 under CI's load (CI of stop 48); no row measures the detection itself.
+EXTRA_VARS = {"gms_failover": failover_under_load(wake_timeout_s=4),
               "gms_engine": {"backend": "standin", "tensor_parallel_size": 3, "gpus_per_node": 1,
                              "lease_ttl_s": LEASE_TTL_S}}
 d = Deployed(INSTANCE, EXTRA_VARS)
