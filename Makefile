@@ -38,8 +38,8 @@ runtime: setup ## the engines' runtime (.runtime: Dynamo 1.6.1 on CPU) and the t
 	scripts/install-runtime
 	test -f .cache/models/tiny-llama/config.json || .runtime/bin/python scripts/make-tiny-model .cache/models/tiny-llama
 
-testbed-up: setup ## boot NODES testbed hosts (default 3; REPLICAS=r: an inventory of r replicas; SLURM=1 adds Slurm)
-	testbed/testbed.py up --nodes $(NODES) $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(SLURM),--slurm)
+testbed-up: setup ## boot NODES testbed hosts (default 3; REPLICAS=r: an inventory of r replicas; SPARES=s: its last s hosts spares; SLURM=1 adds Slurm)
+	testbed/testbed.py up --nodes $(NODES) $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(SPARES),--spares $(SPARES)) $(if $(SLURM),--slurm)
 
 testbed-down: ## remove the testbed and every trace of it
 	testbed/testbed.py down

@@ -37,14 +37,16 @@ def print_table(rows: list[list[str]]) -> None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     already = load_journal() is not None
-    state = up(args.nodes, args.slurm, args.keep_on_failure, args.replicas)
+    state = up(args.nodes, args.slurm, args.keep_on_failure, args.replicas, args.spares)
     if already:
         print(f"testbed already up with {state.nodes} hosts (slurm {'on' if state.slurm else 'off'}): healthy")
     else:
         print(f"booted {state.nodes} hosts (slurm {'on' if state.slurm else 'off'}) in {state.boot_seconds:.2f} s")
     if state.replicas > 1:
-        print(f"inventory: {state.replicas} replicas of {state.nodes // state.replicas} hosts (gms_replica, "
-              "gms_replica_rank)")
+        print(f"inventory: {state.replicas} replicas of {(state.nodes - state.spares) // state.replicas} hosts "
+              "(gms_replica, gms_replica_rank)")
+    if state.spares:
+        print(f"inventory: {state.spares} spare node(s) (gms_spares): {', '.join(h.name for h in state.hosts[-state.spares:])}")
         print("  " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in state.phases.items()))
     print_table(status_rows(state))
     print(f"inventory: {INVENTORY}")
@@ -104,6 +106,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p_up.add_argument("--nodes", type=int, default=3, help=f"number of hosts, 1..{MAX_NODES} (default 3)")
     p_up.add_argument("--replicas", type=int, default=1,
                       help="the inventory's deployment: this many replicas of nodes/replicas hosts (default 1)")
+    p_up.add_argument("--spares", type=int, default=0,
+                      help="the inventory's last hosts as spare nodes (gms_spares); the replicas are of the others")
     p_up.add_argument("--slurm", action="store_true", help="munge + slurmctld on node0 + slurmd everywhere")
     p_up.add_argument("--keep-on-failure", action="store_true", help="leave a failed boot in place to debug")
     p_up.set_defaults(func=cmd_up)

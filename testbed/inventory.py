@@ -39,13 +39,16 @@ def inventory_text(state: State) -> str:
         "    gms_nodes:",
         "      hosts:",
     ]
+    nodes, spares = state.hosts[:len(state.hosts) - state.spares], state.hosts[len(state.hosts) - state.spares:]
     if state.replicas > 1:  # a fleet (docs/fleet-design.md): each host names its replica and its rank there
-        size = state.nodes // state.replicas
+        size = len(nodes) // state.replicas
         lines.insert(lines.index("  children:"), f"    testbed_replica_nodes: {size}  # one replica's hosts: its TP")
         lines += [f"        {h.name}: {{ansible_host: {h.address}, gms_replica: {h.index // size}, "
-                  f"gms_replica_rank: {h.index % size}}}" for h in state.hosts]
+                  f"gms_replica_rank: {h.index % size}}}" for h in nodes]
     else:
-        lines += [f"        {h.name}: {{ansible_host: {h.address}, gms_node_rank: {h.index}}}" for h in state.hosts]
+        lines += [f"        {h.name}: {{ansible_host: {h.address}, gms_node_rank: {h.index}}}" for h in nodes]
+    if spares:  # group_vars/gms_spares.yml is the nodes' (a spare runs their plan and roles: docs/fleet.md)
+        lines += ["    gms_spares:", "      hosts:"] + [f"        {h.name}: {{ansible_host: {h.address}}}" for h in spares]
     if state.slurm:
         compute = ", ".join(f"{h.name}: {{}}" for h in state.hosts)
         lines += [f"    slurm_controller: {{hosts: {{{state.hosts[0].name}: {{}}}}}}",
@@ -80,7 +83,8 @@ def write_outputs(state: State) -> None:
     if INSTANCE and not link.is_symlink():
         link.symlink_to(GROUP_VARS)
     public = {
-        "nodes": state.nodes, "replicas": state.replicas, "slurm": state.slurm, "boot_seconds": state.boot_seconds,
+        "nodes": state.nodes, "replicas": state.replicas, "spares": state.spares, "slurm": state.slurm,
+        "boot_seconds": state.boot_seconds,
         "key": str(KEY_FILE), "inventory": str(INVENTORY),
         "hosts": [{"name": h.name, "address": h.address, "pid": h.pid, "rank": h.index} for h in state.hosts],
     }

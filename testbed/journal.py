@@ -43,6 +43,7 @@ class State:
     slurm: bool
     hosts: list[Host]
     replicas: int = 1  # the deployment the inventory describes: this many replicas of nodes/replicas hosts each
+    spares: int = 0  # the last hosts, the inventory's spare nodes (gms_spares); the replicas are of the others
     boot_seconds: float | None = None
     phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds since the start of up
     run_netns_created: bool = False  # by our `ip netns add`: down() removes /run/netns again

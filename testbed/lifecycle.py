@@ -34,27 +34,32 @@ def checkout_hidden(root: Path) -> str | None:
     return None
 
 
-def up(nodes: int = 3, slurm: bool = False, keep_on_failure: bool = False, replicas: int = 1) -> State:
+def up(nodes: int = 3, slurm: bool = False, keep_on_failure: bool = False, replicas: int = 1,  # noqa: PLR0913 (the shape's settings)
+       spares: int = 0) -> State:
     """Boot the testbed, or check a running one of the same shape. Returns its state. ``replicas``: the inventory
-    it writes describes a deployment of that many replicas (a fleet, docs/fleet-design.md), nodes/replicas hosts
-    each; the hosts are the same whatever it is."""
+    it writes describes a deployment of that many replicas (a fleet, docs/fleet-design.md) of the hosts but the
+    last ``spares``, which are its spare nodes (gms_spares); the hosts are the same whatever it is."""
     require_root()
     if not 1 <= nodes <= MAX_NODES:
         raise TestbedError(f"--nodes must be 1..{MAX_NODES}, not {nodes}")
-    if replicas < 1 or nodes % replicas:
-        raise TestbedError(f"--replicas {replicas} does not split --nodes {nodes} into whole replicas: each replica "
-                           f"is nodes/replicas hosts; give a divisor of {nodes} (1 for one engine group)")
+    if not 0 <= spares < nodes:
+        raise TestbedError(f"--spares {spares}: give 0..{nodes - 1} (the last hosts of --nodes {nodes} are the spares; "
+                           "at least one node remains)")
+    if replicas < 1 or (nodes - spares) % replicas:
+        raise TestbedError(f"--replicas {replicas} does not split the {nodes - spares} nodes (--nodes {nodes} less "
+                           f"--spares {spares}) into whole replicas: each replica is nodes/replicas hosts; give a "
+                           f"divisor of {nodes - spares} (1 for one engine group)")
     if reason := checkout_hidden(REPO_ROOT):
         raise TestbedError(reason)
     with locked():
         running = load_journal()
         if running is not None:
-            running.replicas = replicas  # the inventory's matter only: written again for the same hosts
+            running.replicas, running.spares = replicas, spares  # the inventory's matter only: the same hosts
             save_journal(running)
             return check_running(running, nodes, slurm)
         check_packages(slurm)
         state = plan(nodes, slurm)
-        state.replicas = replicas
+        state.replicas, state.spares = replicas, spares
         public_key = ensure_key()
         started = time.monotonic()
         record_run_netns(state)

@@ -22,19 +22,23 @@ from ansible_collections.shadowline.gms.plugins.plugin_utils.hostvars import con
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("nodes_group", "infra_group"))
+    _VALID_ARGS = frozenset(("nodes_group", "infra_group", "spares_group"))
     _requires_connection = False
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         nodes_group = self._task.args.get("nodes_group", "gms_nodes")
-        node_hosts, infra_hosts = contract_hosts(task_vars, nodes_group, self._task.args.get("infra_group", "gms_infra"))
+        node_hosts, infra_hosts, spare_hosts = contract_hosts(task_vars, nodes_group,
+                                                              self._task.args.get("infra_group", "gms_infra"),
+                                                              self._task.args.get("spares_group", "gms_spares"))
         problems: list[Problem] = []
         if not node_hosts:
             problems.append(missing_group_problem(nodes_group, task_vars.get("groups")))
-        hostvars = {host: read_host(task_vars, host, problems) for host in dict.fromkeys(node_hosts + infra_hosts)}
-        contract, parse_problems = parse_contract(hostvars, node_hosts, infra_hosts) if node_hosts else (None, [])
+        hostvars = {host: read_host(task_vars, host, problems)
+                    for host in dict.fromkeys(node_hosts + infra_hosts + spare_hosts)}
+        contract, parse_problems = (parse_contract(hostvars, node_hosts, infra_hosts, spare_hosts) if node_hosts
+                                    else (None, []))
         problems += parse_problems
         built, refused = checked_plan(contract) if contract is not None and not problems else (None, [])
         problems += refused

@@ -19,7 +19,7 @@ from ansible_collections.shadowline.gms.plugins.plugin_utils.hostvars import con
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("nodes_group", "infra_group", "facts_name"))
+    _VALID_ARGS = frozenset(("nodes_group", "infra_group", "spares_group", "facts_name"))
     _requires_connection = False
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -27,7 +27,9 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         facts_name = self._task.args.get("facts_name", "shadowline_node")
         nodes_group = self._task.args.get("nodes_group", "gms_nodes")
-        node_hosts, infra_hosts = contract_hosts(task_vars, nodes_group, self._task.args.get("infra_group", "gms_infra"))
+        node_hosts, infra_hosts, spare_hosts = contract_hosts(task_vars, nodes_group,
+                                                              self._task.args.get("infra_group", "gms_infra"),
+                                                              self._task.args.get("spares_group", "gms_spares"))
         if not node_hosts:  # (playbooks/preflight.yml refuses this in its first play, before any host is reached)
             problem = missing_group_problem(nodes_group, task_vars.get("groups"))
             result.update(failed=True, changed=False, checks=[], problems=[problem.to_dict()],
@@ -36,12 +38,12 @@ class ActionModule(ActionBase):
         problems: list[Problem] = []
         hostvars: dict[str, dict[str, Any]] = {}
         facts: dict[str, dict[str, Any] | None] = {}
-        for host in dict.fromkeys(node_hosts + infra_hosts):
+        for host in dict.fromkeys(node_hosts + infra_hosts + spare_hosts):
             values = read_host(task_vars, host, problems, extra=(facts_name,))
             facts[host] = values.pop(facts_name, None)
             hostvars[host] = values
 
-        outcome = run_preflight(hostvars, node_hosts, infra_hosts, facts)
+        outcome = run_preflight(hostvars, node_hosts, infra_hosts, facts, spare_hosts)
         problems = problems + outcome.problems
         result.update(changed=False, checks=outcome.checks, problems=[p.to_dict() for p in problems])
         if problems:
@@ -53,6 +55,7 @@ class ActionModule(ActionBase):
         if outcome.warnings:
             result["warnings"] = outcome.warnings
         result["msg"] = (f"preflight passed for deployment {outcome.plan.deployment}: "
-                         f"{len(node_hosts)} node(s), {len(outcome.plan.cohorts)} cohort(s), "
+                         f"{len(node_hosts)} node(s), " + (f"{len(spare_hosts)} spare(s), " if spare_hosts else "")
+                         + f"{len(outcome.plan.cohorts)} cohort(s), "
                          f"backend {outcome.plan.backend}; checked " + "; ".join(outcome.checks) + ".")
         return result

@@ -19,9 +19,10 @@ def status_table(results: list[dict[str, Any]], model: str = "") -> str:
     holders = {leader.get("replica", 0): result["lock_holder"] for result in results if result.get("lock_holder")
                for leader in result.get("ranks", [])[:1]}  # a leader node's result: its replica's lock
     failover = next((result["failover"] for result in results if result.get("failover")), None)
+    spares = [result["spare"] for result in results if result.get("spare")]
     if len(replicas_of(ranks)) > 1:
-        return render_status_table(ranks, holders, model, failover)
-    return render_status_table(ranks, next(iter(holders.values()), None), model, failover)
+        return render_status_table(ranks, holders, model, failover, spares)
+    return render_status_table(ranks, next(iter(holders.values()), None), model, failover, spares)
 
 
 class FilterModule:

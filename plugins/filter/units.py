@@ -16,7 +16,7 @@ from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.cluster.
     host_tls_files,
 )
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment import container, firewall, units
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan, gpu_hosts
 
 RENDERERS: dict[str, Callable[..., str]] = {
     "gms": units.gms_unit,
@@ -57,8 +57,9 @@ def unit_text(plan: dict[str, Any], kind: str, host: str | None = None, cohort: 
 def agent_endpoint(plan: dict[str, Any], host: str) -> dict[str, Any]:
     """``host``'s agent endpoint: its base URL and the client TLS files of that host ({} when plain)."""
     typed = Plan.from_dict(plan)
-    if host not in typed.hosts:
-        raise AnsibleFilterError(f"shadowline.gms.agent_endpoint: {host} is not a node of {typed.deployment}")
+    if host not in gpu_hosts(typed):
+        raise AnsibleFilterError(f"shadowline.gms.agent_endpoint: {host} is neither a node nor a spare of "
+                                 f"{typed.deployment}")
     return {"url": agent_url(typed, host), "tls": host_tls_files(typed)}
 
 

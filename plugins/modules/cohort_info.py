@@ -17,6 +17,7 @@ description:
     C(/health) does not answer) or C(dead) (no process). A leader's entry also has C(requests_running) and
     C(generated_tokens) from vLLM's progress metrics when it serves them.
   - On the node that holds the cohorts' leaders, also the live holder of the failover lock.
+  - On a spare node (C(gms_spares)), which holds no rank, the state of its GMS server's and its agent's units.
   - Read-only; the same code serves the failover agent.
 options:
   health_timeout_s:
@@ -64,6 +65,11 @@ lock_holder:
   description: C(engine-<id>) of the cohort holding the failover lock on this node, or null.
   returned: always
   type: str
+spare:
+  description: On a spare node, its GMS server's and its agent's unit states (systemd's ActiveState); null on a node.
+  returned: always
+  type: dict
+  sample: {host: node4, gms_server: active, agent: active}
 failover:
   description: With O(failover_state), C(automatic) or since when, by whom and why automatic failover is paused;
     null without it.
@@ -77,12 +83,13 @@ from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.cluster.
     lock_holder,
     rank_states,
 )
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.common.proc import unit_properties
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.failover import (
     FailoverError,
     paused_record,
 )
 from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.control.pause import describe_pause
-from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan
+from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.deployment.plan import Plan, spare_hosts
 
 
 def main() -> None:
@@ -97,6 +104,11 @@ def main() -> None:
     )
     plan = Plan.from_dict(module.params["plan"])
     host = module.params["host"]
+    if host in spare_hosts(plan):
+        units = {"gms_server": plan.unit_name("gms"), "agent": plan.unit_name("agent")}
+        spare = {"host": host, **{name: unit_properties(unit, "ActiveState").get("ActiveState") or "unknown"
+                                  for name, unit in units.items()}}
+        module.exit_json(changed=False, ranks=[], lock_holder=None, failover=None, spare=spare)
     if host not in plan.hosts + plan.infra_hosts:
         module.fail_json(msg=f"host: {host} is not a node of deployment {plan.deployment}. "
                              "Fix: pass the node's inventory name (inventory_hostname).")
@@ -109,7 +121,7 @@ def main() -> None:
         except FailoverError as err:
             failover = f"unknown ({str(err)[:100]})"
     module.exit_json(changed=False, ranks=ranks, lock_holder=lock_holder(plan.lock_path) if leader else None,
-                     failover=failover)
+                     failover=failover, spare=None)
 
 
 if __name__ == "__main__":

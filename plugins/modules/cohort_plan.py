@@ -25,6 +25,10 @@ options:
     description: The inventory group of the etcd, NATS and frontend hosts.
     type: str
     default: gms_infra
+  spares_group:
+    description: The inventory group of the spare nodes (a GMS server and an agent each, no rank); absent means none.
+    type: str
+    default: gms_spares
 attributes:
   facts:
     support: full

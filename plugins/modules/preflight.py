@@ -32,6 +32,10 @@ options:
     description: The inventory group of the etcd, NATS and frontend hosts (empty or absent means the leader node).
     type: str
     default: gms_infra
+  spares_group:
+    description: The inventory group of the spare nodes (a GMS server and an agent each, no rank); absent means none.
+    type: str
+    default: gms_spares
   facts_name:
     description: The fact that M(shadowline.gms.preflight_facts) set on each node.
     type: str

@@ -13,9 +13,11 @@ from ansible_collections.shadowline.gms.plugins.module_utils.shadowline.common.p
 HOST_KEYS = ("ansible_host", "python_env_mode")  # python_env_mode: container changes the plan (deployment/container.py)
 
 
-def contract_hosts(task_vars: dict[str, Any], nodes_group: str, infra_group: str) -> tuple[list[str], list[str]]:
+def contract_hosts(task_vars: dict[str, Any], nodes_group: str, infra_group: str,
+                   spares_group: str) -> tuple[list[str], list[str], list[str]]:
+    """The hosts of the deployment's groups: its nodes, its infra hosts and its spare nodes."""
     groups = task_vars.get("groups", {})
-    return list(groups.get(nodes_group, [])), list(groups.get(infra_group, []))
+    return list(groups.get(nodes_group, [])), list(groups.get(infra_group, [])), list(groups.get(spares_group, []))
 
 
 def read_host(task_vars: dict[str, Any], host: str, problems: list[Problem],

@@ -70,16 +70,20 @@ class Deployed:
         return Plan.from_dict(json.loads(self.on(LEADER, "cat", f"/etc/shadowline/{DEPLOYMENT}/plan.json")))
 
     def agent_health(self, host: str) -> int | None:
-        """The status of ``host``'s agent /health (None: no answer), over TLS as the controller (its client
-        certificate of the deployment's CA) unless the plan is insecure."""
+        """The status of ``host``'s agent /health (None: no answer)."""
+        answer = self.agent_get(host, "/health")
+        return answer[0] if answer else None
+
+    def agent_get(self, host: str, path: str) -> tuple[int, str] | None:
+        """(status, text) of ``host``'s agent endpoint ``path`` (None: no answer), over TLS as the controller (its
+        client certificate of the deployment's CA) unless the plan is insecure; a node's or a spare's."""
         plan = self.plan()
         context = None
         if plan.secure and plan.security is not None:
             pki = Path(plan.security.controller_path) / "pki"
             context = client_context(str(pki / "ca.crt"), str(pki / "controller" / "client.crt"),
                                      str(pki / "controller" / "client.key"))
-        answer = http_get(f"{agent_url(plan, host)}/health", 5, context)
-        return answer[0] if answer else None
+        return http_get(f"{agent_url(plan, host)}{path}", 5, context)
 
     def etcd(self, user: str = "agent") -> Etcd:
         """The deployment's etcd as one of its identities (the controller's copy of the password)."""

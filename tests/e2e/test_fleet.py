@@ -1,4 +1,5 @@
-"""A fleet on the testbed (issue #39, docs/fleet.md): 4 hosts as 2 replicas of 2 nodes, one frontend over both.
+"""A fleet on the testbed (issue #39, docs/fleet.md): 4 hosts as 2 replicas of 2 nodes, one frontend over both,
+and a spare node (issue #40, docs/fleet.md Spare nodes): a GMS server and an agent, no rank.
 
 site.yml converges it from nothing and a second run changes nothing; each replica's agents drive their own
 replica (its records under ``replicas/<q>/`` in etcd, its own lock holder); both replicas' serving workers are
@@ -21,7 +22,7 @@ import pytest
 
 from shadowline.cluster.discovery import registrations
 from shadowline.common.coordination import Keys, Slot
-from testbed.inventory import failover_of_testbed
+from testbed.inventory import failover_under_load
 from testbed.pytest_fixtures import skip_reason
 
 from ..loopback import wait_until
@@ -31,11 +32,11 @@ from .site_helpers import instance_lock
 
 INSTANCE = "6"
 REPLICAS = {0: ("node0", "node1"), 1: ("node2", "node3")}
-# Detection as the drills' (tests/e2e/test_drills.py): 3 s of /health silence, 2 s of a stalled generation, 1 s
-# canaries. The testbed's own 1 s declared replica 1's healthy leaders hung right after a converge from nothing
-# (4 hosts' engines, GMS servers and the frontend on this machine's 2 cores; issue #37's class of false positive).
-EXTRA_VARS: dict[str, Any] = {"gms_failover": failover_of_testbed(
-    stable_after_s=8, health_timeout_s=3.0, progress_stall_s=2.0, canary_interval_s=1.0)}
+SPARE = "node4"
+UNIT = f"shadowline-{DEPLOYMENT}"
+# Detection under load (testbed/inventory.py): the testbed's own 1 s declared replica 1's healthy leaders hung right
+# after a converge from nothing (4 hosts' engines, GMS servers and the frontend on this machine's 2 cores).
+EXTRA_VARS: dict[str, Any] = {"gms_failover": failover_under_load()}
 d = Deployed(INSTANCE, EXTRA_VARS)
 tb = d.tb
 
@@ -54,7 +55,7 @@ def fleet() -> Iterator[dict[str, Any]]:
     with instance_lock(INSTANCE):
         if tb.load_journal() is not None:
             tb.down()
-        tb.up(4, False, replicas=2)
+        tb.up(5, False, replicas=2, spares=1)
         try:
             started = time.monotonic()
             proc = d.playbook("site.yml", timeout=900)
@@ -105,9 +106,27 @@ def test_site_converges_a_fleet_and_a_second_run_changes_nothing(fleet: dict[str
     second = d.playbook("site.yml", timeout=600)
     assert second.returncode == 0, second.stdout[-3000:]
     changed = recap(second.stdout)
-    assert set(changed) == {"node0", "node1", "node2", "node3"} and not any(changed.values()), \
+    assert set(changed) == {"node0", "node1", "node2", "node3", SPARE} and not any(changed.values()), \
         f"a second site.yml run changed something: {changed}\n{second.stdout[-3000:]}"
-    print(f"\nfleet: site.yml from nothing {fleet['first_s']:.0f} s (4 hosts, 2 replicas)")
+    print(f"\nfleet: site.yml from nothing {fleet['first_s']:.0f} s (4 nodes, 2 replicas, 1 spare)")
+
+
+def test_the_spare_runs_a_gms_server_and_an_agent_and_no_rank(fleet: dict[str, Any]) -> None:
+    assert f"spare {SPARE}: GMS server active, agent active" in fleet["first"].stdout, fleet["first"].stdout[-3000:]
+    plan = d.plan()
+    assert [s.host for s in plan.spares] == [SPARE]
+    for unit in (plan.unit_name("gms"), plan.unit_name("agent")):
+        assert d.on(SPARE, "systemctl", "is-active", unit).strip() == "active", unit
+    engines = d.on(SPARE, "systemctl", "list-units", "--all", "--plain", "--no-legend", f"{UNIT}-engine@*")
+    assert engines.strip() == "", f"a spare runs no rank: {engines}"
+    presence = d.etcd().get(Keys(DEPLOYMENT, None).agent(SPARE))
+    assert presence is not None and json.loads(presence.value)["role"] == "spare"
+    ready = 'shadowline_agent_spare_ready{deployment="demo",node="node4"} 1.0'
+
+    def spare_ready() -> bool | None:
+        answer = d.agent_get(SPARE, "/metrics")
+        return True if answer and answer[0] == 200 and ready in answer[1] else None
+    assert wait_until(spare_ready, 30, 1.0, "the spare's agent says it is ready"), d.agent_get(SPARE, "/metrics")
 
 
 def test_each_replica_keeps_its_own_records_lock_and_serving_worker(fleet: dict[str, Any]) -> None:

@@ -56,5 +56,5 @@ def test_replicas_that_do_not_divide_the_nodes_are_refused_before_anything_boots
                                                                                   monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(lifecycle, "require_root", lambda: None)
     monkeypatch.setattr(lifecycle, "locked", lambda: pytest.fail("up took the testbed's lock: it went on"))
-    with pytest.raises(RefusedByTestbed, match=f"--replicas {replicas} does not split --nodes {nodes}"):
+    with pytest.raises(RefusedByTestbed, match=f"--replicas {replicas} does not split the {nodes} nodes"):
         lifecycle.up(nodes, replicas=replicas)

@@ -114,6 +114,7 @@ def plan_lines(data: dict) -> list[str]:
             for rank in cohort.ranks:
                 kind = "leader" if rank.leader else "headless"
                 lines.append(f"{indent}  {rank.host} rank {rank.node_rank} ({kind}): {rank.process.command_line()}")
+    lines += [f"spare {s.host} ({s.address}): GMS server and agent, no rank" for s in plan.spares]
     monitoring = plan.monitoring
     if monitoring and monitoring.mode != "none":
         lines.append(f"monitoring: {monitoring.mode} on {monitoring.host} "

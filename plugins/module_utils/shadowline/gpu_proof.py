@@ -381,7 +381,7 @@ def example_budget(gpus: list[dict[str, Any]] | None, example: dict[str, Any] | 
     e = example or EXAMPLE
     memory = Memory(gpu_memory_gib=None, weights_gib=e["weights_gib"], kv_reserve_gib=e["kv_reserve_gib"],
                     engine_overhead_gib=e["engine_overhead_gib"])
-    contract = SimpleNamespace(memory=memory, nodes=[SimpleNamespace(host="gpu-proof")],
+    contract = SimpleNamespace(memory=memory, nodes=[SimpleNamespace(host="gpu-proof")], spares=[],
                                engine=SimpleNamespace(tensor_parallel_size=e["tensor_parallel_size"]),
                                cohorts=e["cohorts"], model=SimpleNamespace(revision=None))
     facts = {"gpu-proof": {"gpus": gpus or [], "manifest_weight_bytes": None, "running_model": None}}

@@ -230,7 +230,7 @@ def ensure_etcd_auth(endpoint: str, deployment: str, passwords: dict[str, str], 
 def agent_url(plan: Plan, host: str) -> str:
     """The base URL of ``host``'s agent endpoint: https unless the plan is insecure."""
     scheme = "https" if plan.secure else "http"
-    return f"{scheme}://{plan.node(host).address}:{plan.ports.agent_metrics}"
+    return f"{scheme}://{plan.gpu_node(host).address}:{plan.ports.agent_metrics}"
 
 
 def agent_server_context(plan: Plan) -> ssl.SSLContext | None:

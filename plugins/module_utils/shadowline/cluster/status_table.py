@@ -10,6 +10,7 @@ COLUMNS = ("cohort", "role", "node", "rank", "pid", "state", "lock", "ports (mas
 FLEET_COLUMNS = ("replica", *COLUMNS)
 NO_HOLDER = "none (no cohort is serving)"
 FAILOVER = "failover:"  # the line after the lock holder: automatic, or paused (control/pause.py)
+SPARE = "spare "  # a line per spare node (gms_spares), after the failover line: its GMS server's and agent's units
 HEALTHY = frozenset({"active", "parked", "running"})  # a rank's states of a whole deployment (headless: running)
 
 
@@ -25,7 +26,7 @@ def table_states(lines: list[str]) -> list[str]:
         return []
     column = lines[0].split().index("state")
     return [line.split()[column] for line in lines[2:] if len(line.split()) > column
-            and not line.startswith(("lock holder:", FAILOVER, "replica "))]
+            and not line.startswith(("lock holder:", FAILOVER, "replica ", SPARE))]
 
 
 def replicas_of(ranks: list[dict[str, Any]]) -> list[int]:
@@ -50,9 +51,10 @@ def status_rows(ranks: list[dict[str, Any]], holder: str | None | dict[int, str 
 
 
 def render_status_table(ranks: list[dict[str, Any]], holder: str | None | dict[int, str | None], model: str,
-                        failover: str | None = None) -> str:
+                        failover: str | None = None, spares: list[dict[str, str]] | None = None) -> str:
     """The table; ``holder``: the lock holder, or a fleet's by replica (a line each); ``failover``: what automatic
-    failover is (pause.describe_pause), a line of its own when known."""
+    failover is (pause.describe_pause), a line of its own when known; ``spares``: a line each (cohort_info's
+    ``spare``: the host and its GMS server's and agent's unit states); none for a deployment without spares."""
     fleet = len(replicas_of(ranks)) > 1
     columns = FLEET_COLUMNS if fleet else COLUMNS
     rows = [columns] + status_rows(ranks, holder, model)
@@ -70,6 +72,8 @@ def render_status_table(ranks: list[dict[str, Any]], holder: str | None | dict[i
         lines.append(f"lock holder: {holder or NO_HOLDER}")
     if failover:
         lines.append(f"{FAILOVER} {failover}")
+    lines += [f"{SPARE}{s['host']}: GMS server {s.get('gms_server', 'unknown')}, agent {s.get('agent', 'unknown')}"
+              for s in spares or ()]
     return "\n".join(lines)
 
 
@@ -120,7 +124,7 @@ def table_rows(lines: list[str]) -> tuple[list[tuple[str, ...]], str | None]:
         if line.startswith("lock holder:"):
             holder = line.split(":", 1)[1].strip()
             continue
-        if line.startswith((FAILOVER, "replica ")):
+        if line.startswith((FAILOVER, "replica ", SPARE)):
             continue
         if line.strip():
             rows.append(tuple(line[a:b].strip() if i < len(spans) - 1 else line[a:].strip()

@@ -47,6 +47,9 @@ DEFAULT_FAILOVER: dict[str, Any] = {
     # NCCL watchdog's heartbeat timeout: a rank stuck in a collective this long ends its process. torch's own
     # default; it applies from the first collective, so it must exceed the skew of weight loading between ranks.
     "collective_timeout_s": 600,
+    # the spare nodes (gms_spares) the deployment must have at least: preflight refuses fewer; monitoring alerts
+    # when fewer are ready (docs/fleet.md, Spare nodes). 0: spares are optional
+    "min_spares": 0,
 }
 # gms_frontend_tls: the OpenAI API in plain HTTP (the default), over HTTPS with the frontend host's certificate of
 # the deployment's CA, or over HTTPS that also wants a client certificate of that CA (docs/security.md).
@@ -85,6 +88,7 @@ class Failover:
     progress_stall_s: float = DEFAULT_FAILOVER["progress_stall_s"]
     canary_interval_s: float = DEFAULT_FAILOVER["canary_interval_s"]
     collective_timeout_s: int = DEFAULT_FAILOVER["collective_timeout_s"]
+    min_spares: int = DEFAULT_FAILOVER["min_spares"]
 
 
 @dataclass(frozen=True)

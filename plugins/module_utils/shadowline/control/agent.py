@@ -37,7 +37,7 @@ from ..common.etcd_client import Etcd
 from ..common.events import EventLog
 from ..common.proc import argv_process, cgroup_events, cgroup_populated, pidfd_open, unit_properties
 from ..common.systemd_notify import SystemdNotifier
-from ..deployment.plan import Plan
+from ..deployment.plan import Plan, gpu_hosts, spare_hosts
 from . import observe
 from .actions import ReportFault
 from .agent_metrics import CONTENT_TYPE, AgentMetrics, MetricsUnavailable
@@ -49,6 +49,7 @@ from .gpu_watch import GpuWatch
 from .memory import DriverMemory, NodeMemory, Teardown
 from .metrics_server import serve
 from .node_duties import NodeDuties
+from .spare_agent import SpareAgent
 from .view import DeploymentView, Now
 
 TICK_S = 0.05  # how often the loop looks at the lock and the teardowns when nothing wakes it
@@ -69,7 +70,7 @@ class Agent:
         self.is_driver = plan.node(host).rank == 0
         self.events = EventLog(plan.events_path, host, deployment=plan.deployment)
         self.metrics = AgentMetrics(plan.deployment, host, plan.cohort_ids, driver=self.is_driver,
-                                    model_dir=plan.model_dir)
+                                    model_dir=plan.model_dir, spares_wanted=plan.failover.min_spares)
         self.schedule = Schedule()
         self.memory = NodeMemory(instance=agent_instance(os.getpid(), time.time_ns()))
         self.driver_memory = DriverMemory() if self.is_driver else None
@@ -307,9 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", required=True, help="this node's name in the plan")
     args = parser.parse_args(argv)
     plan = Plan.load(args.plan)
-    if args.host not in plan.hosts:
-        parser.error(f"--host {args.host} is not a node of deployment {plan.deployment}")
+    if args.host not in gpu_hosts(plan):
+        parser.error(f"--host {args.host} is neither a node nor a spare of deployment {plan.deployment}")
     _lock = single_instance(plan.agent_lock_path(args.host))
+    if args.host in spare_hosts(plan):
+        return run_spare(plan, args.host)
     try:  # three clients: the loop's (writes), the feed's (reads), the lease's; each thread its own, one token
         etcd = etcd_for(plan, 2.0, deadline=2.5)
         agent = Agent(plan, args.host, etcd, etcd.sibling(2.0, 3.0), etcd.sibling(2.0, 2.5))
@@ -329,6 +332,25 @@ def main(argv: list[str] | None = None) -> int:
           notices=agent.inbox.receive, peers=lambda peer: sender_node(own, peer) is not None,
           peer_idle_s=PEER_IDLE_S, peer_count=len(own.hosts))
     agent.run()
+    return 0
+
+
+def run_spare(plan: Plan, host: str) -> int:
+    """A spare's agent (spare_agent.py): its presence, its GMS server's gauges, its metrics endpoint."""
+    try:
+        spare = SpareAgent(plan, host, etcd_for(plan, 2.0, deadline=2.5))
+    except MetricsUnavailable as err:
+        console.err(err)
+        return 2
+
+    def stop(_signum: int, _frame: Any) -> None:
+        spare.stop.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    serve(plan.gpu_node(host).address, int(plan.ports.agent_metrics),
+          lambda: (spare.metrics.render(), CONTENT_TYPE), spare.healthy, agent_server_context(plan))
+    spare.run()
     return 0
 
 

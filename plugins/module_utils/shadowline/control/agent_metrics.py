@@ -70,6 +70,10 @@ GAUGES = {  # name -> (help, labels besides deployment and node)
     "model_ready": ("1 when this node's model status file says Ready (staged and verified), else 0; no series "
                     "when shadowline does not stage the model.", ()),
     "model_info": ("1, with the manifest digest of the model this node holds Ready.", ("digest",)),
+    "spare": ("1 on a spare node (gms_spares: a GMS server and no rank), else 0.", ()),
+    "spare_ready": ("1 on a spare whose GMS server is up, whose model is Ready (where shadowline stages it) and "
+                    "whose presence in etcd is held, else 0; no series on a node.", ()),
+    "spares_wanted": ("gms_failover.min_spares: the spares the deployment wants ready at least.", ()),
 }
 
 
@@ -81,8 +85,8 @@ class AgentMetrics:
     """The agent's registry. The loop and the executor call ``count``, ``observe``, ``show_view`` and
     ``show_node``; the HTTP server calls ``render``. prometheus_client's metrics are thread-safe."""
 
-    def __init__(self, deployment: str, node: str, cohorts: Iterable[int] = (), *, driver: bool = False,
-                 model_dir: str = "") -> None:
+    def __init__(self, deployment: str, node: str, cohorts: Iterable[int] = (), *, driver: bool = False,  # noqa: PLR0913 (keyword-only settings)
+                 model_dir: str = "", spare: bool = False, spares_wanted: int = 0) -> None:
         if prometheus_client is None:
             raise MetricsUnavailable(
                 "shadowline-agent: prometheus_client is not importable; run the agent with the engines' runtime "
@@ -114,6 +118,10 @@ class AgentMetrics:
         for histogram in self.histograms.values():
             histogram.labels(**self.constant)
         self.gauges["driver"].labels(**self.constant).set(1 if driver else 0)
+        self.gauges["spare"].labels(**self.constant).set(1 if spare else 0)
+        self.gauges["spares_wanted"].labels(**self.constant).set(spares_wanted)
+        if spare:
+            self.gauges["spare_ready"].labels(**self.constant).set(0)
         self.gauges["active_cohort"].labels(**self.constant).set(-1)
         self.gauges["parked_shadows"].labels(**self.constant).set(0)
         for cohort in cohorts:
@@ -144,12 +152,13 @@ class AgentMetrics:
         parked = sum(1 for c, e in view.slots.items() if e.slot.state == RUNNING and c != active)
         self.gauges["parked_shadows"].labels(**self.constant).set(parked)
 
-    def show_node(self, gms_server_up: bool) -> None:
-        """The gauges of this node: its GMS server, and its model status file (read here, a small JSON file)."""
+    def show_node(self, gms_server_up: bool) -> bool | None:
+        """The gauges of this node: its GMS server, and its model status file (read here, a small JSON file).
+        Returns whether the model is Ready, None when there is no status file (shadowline does not stage it)."""
         self.gauges["gms_server_up"].labels(**self.constant).set(1 if gms_server_up else 0)
         status = read_status(self.model_status_path) if self.model_status_path else None
         if status is None:
-            return
+            return None
         ready = status.state == READY and bool(status.digest)
         self.gauges["model_ready"].labels(**self.constant).set(1 if ready else 0)
         digest = str(status.digest) if ready else None
@@ -160,6 +169,11 @@ class AgentMetrics:
             if digest is not None:
                 info.labels(**self.constant, digest=digest).set(1)
             self.model_digest = digest
+        return ready
+
+    def show_spare(self, ready: bool) -> None:
+        """A spare's readiness to take a rank (spare_agent.py)."""
+        self.gauges["spare_ready"].labels(**self.constant).set(1 if ready else 0)
 
     # --- the exposition --------------------------------------------------------------------------------------------
     def render(self) -> bytes:

@@ -1,8 +1,8 @@
 """The agent's reading side of etcd, in a thread of its own so that a slow or absent etcd never holds up the loop
 (the loop kills local ranks at once and writes to etcd only when it has something to say).
 
-The feed keeps the agent's presence (``agents/<host>`` on a lease: registered again after the lease expired) in a
-thread of its own, so that a slow answer to a read never lets the lease expire, and in another it watches its
+The feed keeps the agent's presence (``agents/<host>`` on a lease, presence.py) in a thread of its own, so that a
+slow answer to a read never lets the lease expire, and in another it watches its
 replica's prefix and reads its view (one transaction, view.py) when the watch says something changed or every
 ``period_s``. The loop takes what arrived with ``take()``: the latest view, the slot records the
 watch delivered since (the hot path: a declared failure is torn down from the event itself), whether etcd
@@ -17,8 +17,6 @@ from its revision (nothing is missed: the view holds every key as of that revisi
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,6 +26,7 @@ from ..common.coordination import Keys, RecordInvalid, Slot
 from ..common.etcd_client import Etcd, EtcdError
 from ..common.schema2 import move_schema2
 from ..common.wakeup import wake
+from .presence import Presence
 from .view import DeploymentView, read_view
 
 RETRY_S = 0.2  # after a failed call, wait this long before the next
@@ -54,26 +53,23 @@ class EtcdFeed:
                  lease_ttl_s: int, period_s: float, wake_fd: int, lease_etcd: Etcd | None = None,
                  instance: str = "") -> None:
         self.etcd = etcd
-        self.instance = instance  # the agent's (coordination.agent_instance), named in its presence record
-        self.lease_etcd = lease_etcd or etcd
         self.keys = keys
         self.host = host
         self.members = members  # the replica's nodes: the view reads their own records (presence, GMS, fence)
         self.cohorts = cohorts
-        self.lease_ttl_s = lease_ttl_s
         self.period_s = period_s
         self.wake_fd = wake_fd
         self.stop = threading.Event()
-        self.lease = 0
+        # the agent's presence, named by its instance (coordination.agent_instance), on its own client
+        self.presence = Presence(lease_etcd or etcd, keys.agent(host), lease_ttl_s, instance, self.notice, self.stop)
         self.revision = 0  # the watch continues after it; 0: read the view first
-        self.next_keepalive = 0.0
         self.next_read = 0.0
         self._lock = threading.Lock()
         self._news = FeedNews()
         self.schema2_moved = keys.replica != 0  # replica 0's agents move schema 2's records before the first view
 
     def start(self) -> threading.Thread:
-        threading.Thread(target=self.keep_lease, name="etcd-lease", daemon=True).start()
+        self.presence.start()
         thread = threading.Thread(target=self.run, name="etcd-feed", daemon=True)
         thread.start()
         return thread
@@ -100,20 +96,6 @@ class EtcdFeed:
                 self.notice("feed-error", error=repr(err))
                 self.stop.wait(RETRY_S)
 
-    def keep_lease(self) -> None:
-        """The agent's presence: registered, kept alive every third of its TTL, registered again if it expired."""
-        while not self.stop.is_set():
-            try:
-                if not self.lease:
-                    self.register()
-                else:
-                    self.keepalive()
-            except EtcdError:
-                pass  # the reading thread reports whether etcd answers
-            except Exception as err:  # noqa: BLE001 (the lease must outlive anything one call does)
-                self.notice("lease-error", error=repr(err))
-            self.stop.wait(max(0.05, self.next_keepalive - time.monotonic()) if self.lease else RETRY_S)
-
     def step(self) -> None:
         now = time.monotonic()
         if self.revision == 0 or now >= self.next_read:
@@ -134,24 +116,6 @@ class EtcdFeed:
             self._news.slots += [s for s in slots if s.cohort in self.cohorts]
         self.next_read = 0.0  # something changed: read the view at once
         self.wake()
-
-    def register(self) -> None:
-        lease = self.lease_etcd.lease_grant(self.lease_ttl_s)
-        presence = {"pid": os.getpid(), "since": time.time(), "instance": self.instance}
-        self.lease_etcd.put(self.keys.agent(self.host), json.dumps(presence), lease=lease)
-        if self.lease:
-            self.notice("agent-registered-again", lease=f"{lease:x}")
-        self.lease = lease
-        self.next_keepalive = time.monotonic() + self.keepalive_period()
-
-    def keepalive(self) -> None:
-        self.next_keepalive = time.monotonic() + self.keepalive_period()
-        if self.lease_etcd.lease_keepalive(self.lease) <= 0:
-            self.notice("agent-lease-expired")
-            self.register()
-
-    def keepalive_period(self) -> float:
-        return max(0.2, self.lease_ttl_s / 3)
 
     def read(self) -> None:
         if not self.schema2_moved:

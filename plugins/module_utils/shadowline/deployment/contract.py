@@ -33,6 +33,7 @@ from .container import RUNTIME_MODE, parse_container
 from .engine_contract import Engine, check_tensor_parallel, parse_engine
 from .model_contract import Model, check_model_policy, default_local_dir, parse_model
 from .replicas import NODE_VARIABLES, REPLICA_VARIABLES, Placement, arrange, default_nnodes, parse_placements
+from .spares import SPARES_GROUP, check_pool, parse_spares
 
 DEPLOYMENT_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")
 
@@ -124,6 +125,7 @@ class Contract:
     frontend_tls: str = FRONTEND_TLS_PLAIN  # gms_frontend_tls: plain, tls (HTTPS) or mutual (HTTPS, client certificates)
     binaries: Binaries = Binaries()  # gms_binaries: the etcd and nats-server executables on the infra hosts
     container: Container | None = None  # python_env_mode container: the image the GPU processes run from
+    spares: tuple[Node, ...] = ()  # gms_spares: hosts with a GMS server and an agent and no rank (spares.py)
 
     @property
     def replicas(self) -> tuple[tuple[Node, ...], ...]:
@@ -203,7 +205,8 @@ def missing_group_problem(group: str, groups: dict[str, Any] | None = None,
 
 
 def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
-                   infra_hosts: list[str] | None = None) -> tuple[Contract | None, list[Problem]]:
+                   infra_hosts: list[str] | None = None,
+                   spare_hosts: list[str] | None = None) -> tuple[Contract | None, list[Problem]]:
     """Parse and check the inventory contract; returns (contract or None, every problem found)."""
     problems: list[Problem] = []
     read = Reader(problems)
@@ -211,7 +214,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         problems.append(missing_group_problem(NODES_GROUP))
         return None, problems
 
-    _check_unknown_variables(hostvars, node_hosts, problems)
+    _check_unknown_variables(hostvars, node_hosts + (spare_hosts or []), problems)
     shared = _shared_values(hostvars, node_hosts, problems)
     placements = parse_placements(hostvars, node_hosts, problems)
 
@@ -228,6 +231,7 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
     ports = _parse_ports(read, shared.get("gms_ports"))
     memory = _parse_memory(read, shared.get("gms_memory"))
     failover = _parse_failover(read, shared.get("gms_failover"))
+    spares = _spares(read, hostvars, spare_hosts or [], node_hosts, shared, failover)
     allow_unpinned = read.boolean("gms_model_allow_unpinned", shared.get("gms_model_allow_unpinned", False))
     allow_pickle = read.boolean("gms_model_allow_pickle", shared.get("gms_model_allow_pickle", False))
     service_user = read.string("gms_service_user", shared.get("gms_service_user", DEFAULT_SERVICE_USER), "shadowline")
@@ -252,15 +256,13 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         lock_path = None
     python = shared.get("gms_python") or (DEFAULT_PYTHON.format(deployment=deployment) if deployment else None)
     python = _absolute_path(read, "gms_python", python) if python else None
-    token_file = shared.get("gms_model_hf_token_file")
-    if token_file is not None:  # read on the nodes by the model module (model/hf_token.py), ~ its user's home
-        read.path("gms_model_hf_token_file", token_file, PATH_EXAMPLES["gms_model_hf_token_file"], home_ok=True)
+    _check_token_file(read, shared.get("gms_model_hf_token_file"))
 
     if model is not None:
         check_model_policy(read, model, allow_unpinned, allow_pickle)
 
     infra = _parse_infra(read, hostvars, nodes, infra_hosts or [])
-    _duplicate_addresses(hostvars, node_hosts, infra_hosts or [], problems)
+    _duplicate_addresses(hostvars, node_hosts, infra_hosts or [], problems, spare_hosts or [])
     monitoring = _parse_monitoring(read, shared.get("gms_monitoring"), nodes, infra)
     frontend_bind = shared.get("gms_frontend_bind")
     if frontend_bind is not None and address_problem(frontend_bind, placeholder_ok=False) is not None:
@@ -291,8 +293,26 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         secrets_rotate=bool(secrets_rotate),
         firewall_allow=tuple(firewall_allow or ()), frontend_allow=tuple(frontend_allow or ()),
         frontend_tls=frontend_tls or FRONTEND_TLS_PLAIN, binaries=binaries or Binaries(), container=container,
+        spares=tuple(spares or ()),
     )
     return contract, problems
+
+
+def _check_token_file(read: Reader, token_file: Any) -> None:
+    """gms_model_hf_token_file: read on the nodes by the model module (model/hf_token.py), ~ its user's home."""
+    if token_file is not None:
+        read.path("gms_model_hf_token_file", token_file, PATH_EXAMPLES["gms_model_hf_token_file"], home_ok=True)
+
+
+def _spares(read: Reader, hostvars: dict[str, dict[str, Any]], spare_hosts: list[str], node_hosts: list[str],  # noqa: PLR0913 (the inputs of one check)
+            shared: dict[str, Any], failover: Failover | None) -> list[Node] | None:
+    """gms_spares (spares.py), and gms_failover.min_spares against the pool."""
+    wanted = {name: shared.get(name) for name in SHARED_VARIABLES}
+    wanted["python_env_mode"] = hostvars.get(node_hosts[0], {}).get("python_env_mode") if node_hosts else None
+    spares = parse_spares(hostvars, spare_hosts, node_hosts, wanted, read.problems)
+    if failover is not None and spares is not None:
+        check_pool(read, failover.min_spares, spares)
+    return spares
 
 
 def _replicas(placements: list[Placement] | None, engine: Engine | None,
@@ -433,6 +453,9 @@ FAILOVER_SECONDS: dict[str, tuple[bool, float]] = {
 }
 
 
+# gms_failover's counts that may be 0 (the others start at 1)
+FAILOVER_MINIMUM = {"min_spares": 0}
+
 # gms_failover keys that are gone, and what replaces them
 REMOVED_FAILOVER = {
     "heartbeat_stall_s": "the stand-in's collective heartbeat file is no signal a real engine gives: hangs are "
@@ -451,7 +474,8 @@ def _parse_failover(read: Reader, value: Any) -> Failover | None:
     for key, default in DEFAULT_FAILOVER.items():
         name = f"gms_failover.{key}"
         if isinstance(default, int):
-            parsed[key] = read.integer(name, values[key], minimum=1, maximum=3600, example=default)
+            parsed[key] = read.integer(name, values[key], minimum=FAILOVER_MINIMUM.get(key, 1), maximum=3600,
+                                       example=default)
         else:
             zero_ok, most = FAILOVER_SECONDS[key]
             parsed[key] = read.number(name, values[key], maximum=most, positive=not zero_ok, example=default or 5.0)
@@ -488,17 +512,17 @@ def _parse_infra(read: Reader, hostvars: dict[str, dict[str, Any]], nodes: list[
 
 
 def _duplicate_addresses(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], infra_hosts: list[str],
-                         problems: list[Problem]) -> None:
+                         problems: list[Problem], spare_hosts: list[str]) -> None:
     """Two hosts of the deployment with one address are one machine under two inventory names: its ranks, agents,
     etcd members and ports would collide, and the plan would name one address for two nodes. Each pair is named
     with the variable that gave the address; an infra host that is also a node is listed under its own name."""
     seen: dict[str, tuple[str, str, str]] = {}  # address key -> (host, field, group) of the first with it
-    nodes = set(node_hosts)
-    for host in list(dict.fromkeys(node_hosts + infra_hosts)):
+    nodes, spares = set(node_hosts), set(spare_hosts)
+    for host in list(dict.fromkeys(node_hosts + spare_hosts + infra_hosts)):
         field_name, address = address_source(hostvars.get(host, {}), host)
         if address_problem(address) is not None:
             continue  # named by host_address
-        group = NODES_GROUP if host in nodes else INFRA_GROUP
+        group = NODES_GROUP if host in nodes else SPARES_GROUP if host in spares else INFRA_GROUP
         key = same_address(address)
         if key not in seen:
             seen[key] = (host, field_name, group)
@@ -506,14 +530,16 @@ def _duplicate_addresses(hostvars: dict[str, dict[str, Any]], node_hosts: list[s
         first, first_field, first_group = seen[key]
         origin = (f"both from {field_name}" if field_name == first_field
                   else f"{first}'s from {first_field}, {host}'s from {field_name}")
-        if group == NODES_GROUP:
-            problems.append(Problem(field_name, f"{first} and {host} of {NODES_GROUP} have the same address {address} "
+        if group in (NODES_GROUP, SPARES_GROUP):
+            of = f"of {group}" if group == first_group else f"({first} of {first_group}, {host} of {group})"
+            problems.append(Problem(field_name, f"{first} and {host} {of} have the same address {address} "
                                     f"({origin}); every node needs its own: it is the master address, the address "
                                     "the node's engines and agent bind and the one etcd and NATS are given.",
                                     f"set {field_name} of {host} to that node's own IP address or host name; one "
                                     "machine cannot be two nodes.", host=host))
-        elif first_group == NODES_GROUP:
-            problems.append(Problem(field_name, f"{host} of {INFRA_GROUP} has the address {address} of the node "
+        elif first_group in (NODES_GROUP, SPARES_GROUP):
+            what = "node" if first_group == NODES_GROUP else "spare"
+            problems.append(Problem(field_name, f"{host} of {INFRA_GROUP} has the address {address} of the {what} "
                                     f"{first} ({origin}): one machine under two inventory names, whose etcd, NATS "
                                     "and etcd proxy would be planned twice.",
                                     f"list {first} itself in {INFRA_GROUP} (the same inventory name), or set "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from .plan import Plan
+from .plan import Plan, gpu_hosts
 
 NFT = "/usr/sbin/nft"
 
@@ -30,7 +30,7 @@ def rules_path(plan: Plan) -> str:
 def protected_ports(plan: Plan, host: str) -> list[int]:
     """The ports on ``host`` that only the deployment may reach."""
     ports: set[int] = set()
-    if host in plan.hosts:
+    if host in gpu_hosts(plan):  # a spare: the ports of the rank it may take
         for cohort in plan.cohorts:
             ports |= {cohort.ports.system, cohort.ports.nixl, cohort.ports.master}
         ports.add(plan.ports.agent_metrics)
@@ -42,7 +42,7 @@ def protected_ports(plan: Plan, host: str) -> list[int]:
 def allowed_addresses(plan: Plan, extra: tuple[str, ...] | None = None) -> tuple[list[str], list[str]]:
     """(IPv4, IPv6) sources allowed to reach the protected ports: the deployment's hosts, monitoring, loopback and
     ``extra`` (default: gms_firewall_allow)."""
-    addresses = [n.address for n in plan.nodes] + [n.address for n in plan.infra.hosts]
+    addresses = [n.address for n in plan.nodes + plan.spares] + [n.address for n in plan.infra.hosts]
     if plan.monitoring is not None:
         addresses.append(plan.monitoring.address)
     v4, v6 = ["127.0.0.0/8"], ["::1"]

@@ -71,6 +71,8 @@ def scrape_targets(plan: Plan) -> dict[str, list[dict[str, Any]]]:
                       node=c.leader.host, **replica(r.id)) for r in plan.replicas for c in r.cohorts]
     agents = [_group(f"{n.address}:{plan.ports.agent_metrics}", deployment=dep, node=n.host,
                      **replica(plan.replica_of(n.host).id)) for n in plan.nodes]
+    agents += [_group(f"{n.address}:{plan.ports.agent_metrics}", deployment=dep, node=n.host, spare="true")
+               for n in plan.spares]  # a spare's agent: its readiness (ShadowlineSparesBelowMinimum)
     frontend_host = plan.infra.frontend_url.split("//", 1)[1]
     frontend = [_group(frontend_host, deployment=dep, node=plan.infra.frontend.host)]
     etcd = [_group(f"{n.address}:{plan.ports.etcd_client}", deployment=dep, node=n.host) for n in plan.infra.hosts]

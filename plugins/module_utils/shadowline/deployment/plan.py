@@ -206,6 +206,16 @@ class Replica:
                 "cohorts": [c.cohort for c in self.cohorts]}
 
 
+def spare_hosts(plan: Plan) -> list[str]:
+    """The spare nodes (gms_spares): a GMS server and an agent each, no rank."""
+    return [n.host for n in plan.spares]
+
+
+def gpu_hosts(plan: Plan) -> list[str]:
+    """Every host with a GMS server and an agent: the nodes, then the spares."""
+    return plan.hosts + spare_hosts(plan)
+
+
 def replica_view(replica_id: int, members: tuple[str, ...], master_address: str, master_port: int, lock_path: str,
                  cohorts: tuple[CohortPlan, ...]) -> Replica:
     """A replica with its own ranks of the deployment's ``cohorts`` (those on its members, in rank order)."""
@@ -262,6 +272,9 @@ class Plan:
     # their members. Empty when made: one replica of every node (today's deployment, an older plan.json). A
     # dataclasses.replace of nodes or cohorts keeps the old replicas: pass replicas=() with them to derive again
     replicas: tuple[Replica, ...] = ()
+    # gms_spares (deployment/spares.py): hosts with a GMS server (in gms_servers, after the nodes') and an agent,
+    # and no rank; relocation gives one a rank of a replica whose node was lost (docs/fleet-design.md)
+    spares: tuple[Node, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.replicas and self.nodes:
@@ -363,6 +376,14 @@ class Plan:
     @property
     def hosts(self) -> list[str]:
         return [n.host for n in self.nodes]
+
+    def gpu_node(self, host: str) -> Node:
+        """The node or spare ``host`` (KeyError naming both lists when neither)."""
+        for node in self.nodes + self.spares:
+            if node.host == host:
+                return node
+        raise KeyError(f"{host} is neither a node nor a spare of deployment {self.deployment} (nodes: "
+                       f"{', '.join(self.hosts)}; spares: {', '.join(spare_hosts(self)) or 'none'})")
 
     @property
     def infra_hosts(self) -> list[str]:
@@ -547,6 +568,7 @@ def _plan_from_dict(data: dict[str, Any]) -> Plan:
         monitoring=Monitoring(**_known(Monitoring, data["monitoring"])) if data.get("monitoring") else None,
         security=_security(data["security"]) if data.get("security") else None,
         container=_container(data["container"]) if data.get("container") else None,
+        spares=tuple(_node(n) for n in data.get("spares") or ()),
     )
 
 

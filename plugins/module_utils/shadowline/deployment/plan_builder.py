@@ -98,7 +98,7 @@ def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str
                         frontend_tls=contract.frontend_tls,  # Security.frontend_https: never when insecure
                         etcd_tls=not contract.insecure)
     infra = _infra_plan(contract, dirs, security, etcd_proxy)
-    gms_servers = tuple(_gms_server(contract, node) for node in contract.nodes)
+    gms_servers = tuple(_gms_server(contract, node) for node in contract.nodes + contract.spares)
     by_replica = [tuple(_cohort_plan(contract, infra, security, cohort, model_path, members)
                         for cohort in range(contract.cohorts)) for members in contract.replicas]
     # a cohort of the deployment: every replica's ranks of it, replica by replica (Replica.cohorts: one's own)
@@ -117,7 +117,7 @@ def build_plan(contract: Contract, state_dir: str | None = None, config_dir: str
         model_dir=contract.model.local_dir, revision=contract.model.revision, socket_dir=contract.socket_dir,
         lock_path=contract.lock_path, nodes=contract.nodes, infra=infra, gms_servers=gms_servers, cohorts=cohorts,
         python=contract.python, monitoring=contract.monitoring, security=security, container=contract.container,
-        replicas=replicas,
+        replicas=replicas, spares=contract.spares,
     )
 
 
@@ -163,7 +163,8 @@ def _infra_plan(contract: Contract, dirs: _Dirs, security: Security, etcd_proxy:
                      etcd=tuple(_etcd_member(contract, dirs, security, node) for node in contract.infra_hosts),
                      nats=tuple(_nats_server(contract, dirs, security, node) for node in contract.infra_hosts),
                      etcd_proxies=tuple(_etcd_proxy(contract, dirs, security, host, etcd_proxy)
-                                        for host in dict.fromkeys(n.host for n in contract.nodes + contract.infra_hosts))
+                                        for host in dict.fromkeys(n.host for n in contract.nodes + contract.spares
+                                                                  + contract.infra_hosts))
                      if security.etcd_https else ())
 
 
@@ -324,7 +325,7 @@ def nats_authorization(contract: Contract) -> list[str]:
     subjects = nats_subjects(dynamo_namespace(contract.engine.extra_args))
     allowed = ", ".join(f'{kind}: {{ allow: [{", ".join(json.dumps(s) for s in names)}] }}'
                         for kind, names in subjects.items())
-    hosts = dict.fromkeys(n.host for n in contract.nodes + contract.infra_hosts)
+    hosts = dict.fromkeys(n.host for n in contract.nodes + contract.spares + contract.infra_hosts)
     users = ", ".join(f"{{ user: {json.dumps(subject_dn(contract.deployment, host))}, permissions: $DYNAMO }}"
                       for host in hosts)
     return [f"authorization {{ DYNAMO = {{ {allowed} }}, users = [ {users} ] }}"]

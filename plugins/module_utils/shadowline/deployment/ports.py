@@ -65,10 +65,12 @@ def port_uses(ports: Ports, cohorts: int, infra_hosts: int = 1) -> list[PortUse]
 def host_port_uses(contract: Contract) -> dict[str, list[PortUse]]:
     """The ports each host of the deployment binds, in port_uses' order: the infra host that is also the leader
     node (the default) has both's. Every replica's leader node binds its cohorts' master ports (the same numbers
-    in every replica, on different hosts)."""
-    nodes = [n.host for n in contract.nodes]
+    in every replica, on different hosts). A spare (gms_spares) may take any rank of any replica, the leader's
+    too: it has a node's and a leader node's ports."""
+    spares = [n.host for n in contract.spares]
+    nodes = [n.host for n in contract.nodes] + spares
     infra = [n.host for n in contract.infra_hosts]
-    leaders = [members[0].host for members in contract.replicas]
+    leaders = [members[0].host for members in contract.replicas] + spares
     hosts = {ALL_NODES: nodes, LEADER_NODE: leaders, INFRA_HOSTS: infra, FRONTEND_HOST: infra[:1],
              ALL_HOSTS: list(dict.fromkeys(nodes + infra))}
     by_host: dict[str, list[PortUse]] = {host: [] for host in hosts[ALL_HOSTS]}

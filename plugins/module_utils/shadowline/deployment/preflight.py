@@ -33,8 +33,8 @@ class PreflightResult:
 
 
 def run_preflight(hostvars: dict[str, dict[str, Any]], node_hosts: list[str], infra_hosts: list[str],
-                  facts: dict[str, dict[str, Any] | None]) -> PreflightResult:
-    contract, problems = parse_contract(hostvars, node_hosts, infra_hosts)
+                  facts: dict[str, dict[str, Any] | None], spare_hosts: list[str] | None = None) -> PreflightResult:
+    contract, problems = parse_contract(hostvars, node_hosts, infra_hosts, spare_hosts)
     checks = ["variable names and types", "node ranks (unique, contiguous, one leader)",
               "engine shape (nnodes, tensor parallel size, GPUs per node)", "model pin and weight format"]
     if contract is None:
@@ -127,8 +127,13 @@ def plan_warnings(contract: Contract) -> list[str]:
 
 
 def _all_hosts(contract: Contract) -> list[str]:
-    hosts = [n.host for n in contract.nodes]
+    hosts = [n.host for n in contract.nodes + contract.spares]
     return hosts + [n.host for n in contract.infra_hosts if n.host not in hosts]
+
+
+def _gpu_hosts(contract: Contract) -> set[str]:
+    """The hosts checked as GPU nodes: the nodes, and the spares (gms_spares), which may take any node's place."""
+    return {n.host for n in contract.nodes + contract.spares}
 
 
 def _listening_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list[Problem]:
@@ -148,7 +153,7 @@ def _listening_problems(contract: Contract, host: str, facts: dict[str, Any]) ->
 
 def _lock_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list[Problem]:
     lock = facts.get("lock_dir")
-    if not lock or host not in {n.host for n in contract.nodes}:
+    if not lock or host not in _gpu_hosts(contract):
         return []
     problems = []
     fstype = lock.get("fstype") or "unknown"
@@ -172,11 +177,16 @@ def _lock_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list
 
 def _gpu_problems(contract: Contract, host: str, facts: dict[str, Any]) -> list[Problem]:
     gpus = facts.get("gpus")
-    if gpus is None or host not in {n.host for n in contract.nodes}:
+    if gpus is None or host not in _gpu_hosts(contract):
         return []
     if any("error" in g for g in gpus):
         return [Problem("gms_engine.gpus_per_node", f"nvidia-smi failed: {gpus[0]['error']}.",
                         "fix the NVIDIA driver on this node (nvidia-smi must list the GPUs).", host=host)]
+    if len(gpus) != contract.engine.gpus_per_node and host in {n.host for n in contract.spares}:
+        return [Problem("gms_spares", f"the spare {host} has {len(gpus)} GPU(s) (nvidia-smi), the nodes "
+                        f"{contract.engine.gpus_per_node} (gms_engine.gpus_per_node): a spare takes a node's rank and "
+                        "must have its GPUs.", f"give gms_spares hosts of {contract.engine.gpus_per_node} GPU(s), or "
+                        f"remove {host} from gms_spares.", host=host)]
     if len(gpus) != contract.engine.gpus_per_node:
         return [Problem("gms_engine.gpus_per_node", f"is {contract.engine.gpus_per_node} but nvidia-smi lists "
                         f"{len(gpus)} GPU(s) on this node.",
@@ -192,7 +202,7 @@ def _python_problems(contract: Contract, host: str, facts: dict[str, Any]) -> li
     exists and finds the backend's modules; ``wheelhouse``: the directory holds a wheel of every distribution the
     backend is built from; ``venv``: only for runtimes the package index has (not gpu-memory-service). Facts
     without a mode (an older preflight_facts) are judged as ``external``."""
-    if host not in {n.host for n in contract.nodes}:
+    if host not in _gpu_hosts(contract):
         return []
     strategy = backend(contract.engine.backend)
     mode = facts.get("runtime_mode") or "external"
@@ -280,7 +290,7 @@ def _memory_problems(contract: Contract, facts: dict[str, dict[str, Any] | None]
     """
     memory = contract.memory
     gpu_gib, weights_gib, running = memory.gpu_memory_gib, memory.weights_gib, None
-    for node in contract.nodes:
+    for node in contract.nodes + contract.spares:  # a spare's GPUs hold the same rank's share
         node_facts = facts.get(node.host) or {}
         gpus = node_facts.get("gpus") or []
         sizes = [g["memory_mib"] / 1024 for g in gpus if "memory_mib" in g]
@@ -342,7 +352,7 @@ def _token_file_problems(contract: Contract, host: str, facts: dict[str, Any]) -
     token = facts.get("hf_token_file")
     if not token or token.get("ok") or not (contract.model.source or "").startswith("hf://"):
         return []
-    if host not in {n.host for n in contract.nodes}:
+    if host not in _gpu_hosts(contract):
         return []
     return [Problem("gms_model_hf_token_file", str(token.get("message", "cannot be read")),
                     str(token.get("fix") or "install it on every node, 0600, owned by root."), host=host)]

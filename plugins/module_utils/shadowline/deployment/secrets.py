@@ -38,7 +38,7 @@ def ensure_secrets(plan: Plan) -> list[str]:
     if not os.path.exists(env_path) or open(env_path, encoding="utf-8").read() != env:  # noqa: SIM115
         _write(env_path, env.encode(), 0o600)
         written.append(env_path)
-    hosts = [(n.host, n.address) for n in plan.nodes]
+    hosts = [(n.host, n.address) for n in plan.nodes + plan.spares]
     infra = [(n.host, n.address) for n in plan.infra.hosts]
     written += ensure_pki(os.path.join(root, "pki"), plan.deployment, hosts, infra, etcd_clients=plan.etcd_tls)
     return written
