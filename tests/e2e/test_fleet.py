@@ -121,12 +121,21 @@ def test_the_spare_runs_a_gms_server_and_an_agent_and_no_rank(fleet: dict[str, A
     assert engines.strip() == "", f"a spare runs no rank: {engines}"
     presence = d.etcd().get(Keys(DEPLOYMENT, None).agent(SPARE))
     assert presence is not None and json.loads(presence.value)["role"] == "spare"
-    ready = 'shadowline_agent_spare_ready{deployment="demo",node="node4"} 1.0'
+    ready = 'shadowline_agent_spare_ready{deployment="demo",node="node4"}'
 
-    def spare_ready() -> bool | None:
+    def spare_ready(value: str) -> bool | None:
         answer = d.agent_get(SPARE, "/metrics")
-        return True if answer and answer[0] == 200 and ready in answer[1] else None
-    assert wait_until(spare_ready, 30, 1.0, "the spare's agent says it is ready"), d.agent_get(SPARE, "/metrics")
+        return True if answer and answer[0] == 200 and f"{ready} {value}" in answer[1] else None
+    assert wait_until(lambda: spare_ready("1.0"), 30, 1.0, "the spare's agent says it is ready"), \
+        d.agent_get(SPARE, "/metrics")
+    # its GMS server stopped: the spare is not ready (what ShadowlineSparesBelowMinimum counts), and ready again
+    # once it runs again
+    d.on(SPARE, "systemctl", "stop", plan.unit_name("gms"))
+    try:
+        assert wait_until(lambda: spare_ready("0.0"), 15, 0.5, "the spare's agent says it is not ready")
+    finally:
+        d.on(SPARE, "systemctl", "start", plan.unit_name("gms"))
+    assert wait_until(lambda: spare_ready("1.0"), 30, 0.5, "the spare ready again")
 
 
 def test_each_replica_keeps_its_own_records_lock_and_serving_worker(fleet: dict[str, Any]) -> None:
@@ -234,3 +243,18 @@ def test_an_upgrade_of_one_replica_under_load_leaves_the_other_as_it_was(fleet: 
     print(f"\n[figure] fleet upgrade of replica 1: {len(load.requests)} requests "
           f"({sum(r.stream for r in load.requests)} streaming), {len(failed)} failed first attempts")
     assert load.requests and not failed, load.summary()
+
+
+def test_teardown_removes_every_unit_and_process_of_the_fleet_and_its_spare(fleet: dict[str, Any]) -> None:
+    """teardown.yml (last: the fleet is gone after it) on 4 nodes and a spare: no unit of the deployment is left
+    loaded and no process of it runs on any of the 5 hosts (teardown.yml's own check, then the test's)."""
+    started = time.monotonic()
+    proc = d.playbook("teardown.yml", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    for host in (*REPLICAS[0], *REPLICAS[1], SPARE):
+        units = d.on(host, "systemctl", "list-units", "--all", "--plain", "--no-legend", f"{UNIT}-*")
+        assert units.strip() == "", f"{host} kept units after teardown.yml: {units}"
+        processes = tb.exec_in(host, ["pgrep", "-af", f"shadowline.*{DEPLOYMENT}|gpu_memory_service|standin"],
+                               timeout=10)
+        assert processes.returncode == 1, f"{host} runs processes of the deployment: {processes.stdout}"
+    print(f"\nfleet: teardown.yml of 4 nodes and a spare {time.monotonic() - started:.1f} s")

@@ -14,7 +14,14 @@ import pytest
 import yaml
 
 from shadowline.cli import plan_lines
-from shadowline.cluster.status_table import render_status_table, table_rows, table_states
+from shadowline.cluster.status_table import (
+    render_status_table,
+    status_document,
+    table_failover,
+    table_rows,
+    table_spares,
+    table_states,
+)
 from shadowline.control.agent_metrics import AgentMetrics
 from shadowline.deployment.contract import parse_contract
 from shadowline.deployment.firewall import protected_ports
@@ -125,20 +132,20 @@ def case_missing_variables():
         "nodes)." for name in ("gms_deployment", "gms_engine", "gms_model")]
 
 
+def pool_case(spares: int, wanted: int, have: str):
+    hv, nodes, names = with_spares(2, spares, gms_failover={"min_spares": wanted})
+    return hv, nodes, names, [
+        f"gms_failover.min_spares: is {wanted}, but gms_spares has {have}: relocation after a lost node needs a "
+        f"spare to move the rank to. Fix: add {wanted - spares} more host(s) to gms_spares, or set "
+        f"gms_failover.min_spares to {spares} (docs/fleet.md, Spare nodes)."]
+
+
 def case_too_few():
-    hv, nodes, spares = with_spares(2, 1, gms_failover={"min_spares": 2})
-    return hv, nodes, spares, [
-        "gms_failover.min_spares: is 2, but gms_spares has 1 host(s) (node2): relocation after a lost node needs "
-        "a spare to move the rank to. Fix: add 1 more host(s) to gms_spares, or set gms_failover.min_spares to 1 "
-        "(docs/fleet.md, Spare nodes)."]
+    return pool_case(1, 2, "1 host(s) (node2)")
 
 
 def case_an_empty_pool():
-    hv, nodes, spares = with_spares(2, 0, gms_failover={"min_spares": 1})
-    return hv, nodes, spares, [
-        "gms_failover.min_spares: is 1, but gms_spares has no host: relocation after a lost node needs a spare to "
-        "move the rank to. Fix: add 1 more host(s) to gms_spares, or set gms_failover.min_spares to 0 "
-        "(docs/fleet.md, Spare nodes)."]
+    return pool_case(0, 1, "no host")
 
 
 def case_a_negative_minimum():
@@ -196,6 +203,9 @@ def test_status_prints_a_line_per_spare_that_reading_the_table_back_skips():
     rows, holder = table_rows(lines)
     assert [r[2] for r in rows] == ["node0"] and holder == "engine-0"
     assert table_states(lines) == ["active"]
+    document = status_document(rows, holder, table_failover(lines), table_spares(lines))
+    assert document["spares"] == spares and document["whole"] is True
+    assert "spares" not in status_document(rows, holder, "automatic", table_spares(lines[:-2]))
     assert render_status_table(ranks, "engine-0", "m@r", "automatic") == "\n".join(lines[:-2])
 
 

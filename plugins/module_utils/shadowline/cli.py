@@ -163,9 +163,9 @@ def status_once(args: argparse.Namespace, dump: Callable[[dict], str] | None) ->
     lines = status_lines(run.stdout)
     if run.returncode != 0 or not lines:
         console.err(run.stdout + run.stderr)
-    from .cluster.status_table import status_document, table_failover, table_rows, table_states, whole
+    from .cluster.status_table import status_document, table_failover, table_rows, table_spares, table_states, whole
     if dump is not None:
-        console.out(dump(status_document(*table_rows(lines), table_failover(lines))))
+        console.out(dump(status_document(*table_rows(lines), table_failover(lines), table_spares(lines))))
     else:
         for line in lines:
             console.out(line)

@@ -82,12 +82,25 @@ def table_failover(lines: list[str]) -> str | None:
     return next((line[len(FAILOVER):].strip() for line in lines if line.startswith(FAILOVER)), None)
 
 
+def table_spares(lines: list[str]) -> list[dict[str, str]]:
+    """A printed table's spare nodes, read back from its "spare <host>: GMS server <state>, agent <state>" lines
+    (render_status_table): [{host, gms_server, agent}]."""
+    spares = []
+    for line in lines[2:]:
+        head, _colon, rest = line.partition(": GMS server ")
+        gms, _comma, agent = rest.partition(", agent ")
+        if line.startswith(SPARE) and rest and agent:
+            spares.append({"host": head[len(SPARE):], "gms_server": gms.strip(), "agent": agent.strip()})
+    return spares
+
+
 # -- the same table as data (shadowline status -o json|yaml) ---------------------------------------------------- #
 
-def status_document(rows: list[tuple[str, ...]], holder: str | None, failover: str | None = None) -> dict[str, Any]:
+def status_document(rows: list[tuple[str, ...]], holder: str | None, failover: str | None = None,
+                    spares: list[dict[str, str]] | None = None) -> dict[str, Any]:
     """The table's rows and lock holder as data: one record per row, with the table's columns as keys (ports split
     into master/system/nixl, numbers as numbers, the lock column as ``holder``), and ``whole`` as the exit status
-    judges it."""
+    judges it; ``spares`` (table_spares) where the deployment has any."""
     ranks = []
     for row in rows:
         fleet = len(row) == len(FLEET_COLUMNS)
@@ -102,6 +115,8 @@ def status_document(rows: list[tuple[str, ...]], holder: str | None, failover: s
                 "whole": whole([r["state"] for r in ranks])}
     if failover is not None:
         document["failover"] = failover
+    if spares:
+        document["spares"] = spares
     return document
 
 
