@@ -22,6 +22,9 @@ A node's own records, under ``/shadowline/<deployment>/`` (whatever replica the 
   agent's instance (``agent_instance``: one per agent process), which the agent's rank records carry too.
 - ``gms_lost/<host>``: a node whose GMS server died (its weights are no longer resident for new imports).
 - ``fenced/<host>``: a node whose GPU needs a reset or service (its agent writes it; an operator removes it).
+- ``spares/<host>/claim``: a spare node taken by a replica's relocation (``{replica, epoch}``, created once), and a
+  replica's ``membership`` (its nodes in rank order under an epoch): control/membership_store.py, not read by the
+  agents yet (issue #40).
 
 An agent watches its replica's prefix and reads, in one transaction, that prefix and its replica's nodes' own
 records (view.read_view): the work of one failure is its replica's, whatever the fleet's size. Schema 2 kept a
@@ -187,6 +190,14 @@ class Keys:
     def fenced(self, host: str | None = None) -> str:
         """A node whose GPU needs a reset or service (its agent writes it; an operator removes it: unfence)."""
         return f"{self.deployment_root}fenced/{host}" if host else f"{self.deployment_root}fenced/"
+
+    def membership(self) -> str:
+        """The replica's membership record (control/membership.py): its nodes in rank order under an epoch."""
+        return f"{self.root}membership"
+
+    def spare_claim(self, host: str) -> str:
+        """A spare node's claim by the replica relocating onto it (created once: control/membership_store.py)."""
+        return f"{self.deployment_root}spares/{host}/claim"
 
 
 class Coordination:

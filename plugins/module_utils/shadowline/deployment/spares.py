@@ -2,13 +2,14 @@
 
 ``gms_spares`` is an inventory group of hosts that run the runtime, a GMS server of the deployment's model
 revision and an agent, and hold no rank: relocation gives one a rank of a replica whose node was lost (the
-membership record, control/membership.py). A spare takes the plan its deployment's nodes give (it needs no
-variables of its own); it is checked by preflight like a node (GPUs, memory budget, platform, Python).
+membership record, control/membership.py). A spare runs the plan its deployment's nodes give, and their roles:
+it carries the nodes' variables (group_vars/all, or a group_vars/gms_spares.yml that is the nodes' file); it is
+checked by preflight like a node (GPUs, memory budget, platform, Python).
 
 ``parse_spares`` reads the group: each spare's address, refusals each naming the field and the fix (a host that
-is both a node and a spare, a spare that sets a node's rank or replica, one with a shared variable of another
-value than the nodes'), and ``gms_failover.min_spares`` against the pool's size (``check_pool``). A spare is a
-``Node`` of rank 0 (its rank is the membership's to give).
+is both a node and a spare, a spare that sets a node's rank or replica, a spare whose deployment variables are
+not the nodes', missing or different), and ``check_pool`` ``gms_failover.min_spares`` against the pool's size.
+A spare is a ``Node`` of rank 0 (its rank is the membership's to give).
 """
 
 from __future__ import annotations
