@@ -34,6 +34,9 @@ class Presence:
         self.role = role
         self.lease = 0
         self.next_keepalive = 0.0
+        # monotonic time at which the last grant or keepalive that etcd answered was sent: etcd cannot expire the
+        # lease before this plus its TTL (a node's self-fencing deadline, membership.self_fence_due); 0: none yet
+        self.answered_at = 0.0
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.keep, name="etcd-lease", daemon=True)
@@ -61,7 +64,9 @@ class Presence:
         return presence
 
     def register(self) -> None:
+        sent = time.monotonic()
         lease = self.etcd.lease_grant(self.ttl_s)
+        self.answered_at = sent
         self.etcd.put(self.key, json.dumps(self.record()), lease=lease)
         if self.lease:
             self.notice("agent-registered-again", lease=f"{lease:x}")
@@ -69,10 +74,13 @@ class Presence:
         self.next_keepalive = time.monotonic() + self.period()
 
     def keepalive(self) -> None:
-        self.next_keepalive = time.monotonic() + self.period()
+        sent = time.monotonic()
+        self.next_keepalive = sent + self.period()
         if self.etcd.lease_keepalive(self.lease) <= 0:
             self.notice("agent-lease-expired")
             self.register()
+        else:
+            self.answered_at = sent
 
     def period(self) -> float:
         return max(0.2, self.ttl_s / 3)
