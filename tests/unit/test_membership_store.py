@@ -6,8 +6,6 @@ is refused; a spare is claimed once, whichever replicas race for it; a broken re
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -15,16 +13,6 @@ from shadowline.common.coordination import Keys, RecordInvalid
 from shadowline.common.etcd_client import Etcd
 from shadowline.control.membership import Membership
 from shadowline.control.membership_store import MembershipStore
-from tests.loopback import start_etcd
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[Etcd]:
-    server = start_etcd(tmp_path)
-    try:
-        yield Etcd(server.url)
-    finally:
-        server.stop()
 
 
 def store(etcd: Etcd, replica: int = 0) -> MembershipStore:

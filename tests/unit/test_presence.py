@@ -7,25 +7,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from shadowline.common.coordination import Keys
 from shadowline.common.etcd_client import Etcd
 from shadowline.control.presence import SPARE, Presence
-from tests.loopback import start_etcd, wait_until
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[Etcd]:
-    server = start_etcd(tmp_path)
-    try:
-        yield Etcd(server.url)
-    finally:
-        server.stop()
+from tests.loopback import wait_until
 
 
 def test_a_spares_presence_is_kept_and_registered_again_after_its_lease_expired(etcd: Etcd):

@@ -6,7 +6,6 @@ first view."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -14,18 +13,9 @@ from shadowline.common.coordination import Keys, Slot
 from shadowline.common.etcd_client import Etcd
 from shadowline.common.schema2 import move_schema2
 from shadowline.control.feed import EtcdFeed
-from tests.loopback import start_etcd
 
 OLD, NEW = Keys("up", None), Keys("up", 0)
 
-
-@pytest.fixture
-def etcd(tmp_path: Path):
-    server = start_etcd(tmp_path)
-    try:
-        yield Etcd(server.url)
-    finally:
-        server.stop()
 
 
 def schema2_slot(generation: int, state: str = "running") -> str:
