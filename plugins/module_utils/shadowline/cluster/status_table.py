@@ -11,6 +11,8 @@ FLEET_COLUMNS = ("replica", *COLUMNS)
 NO_HOLDER = "none (no cohort is serving)"
 FAILOVER = "failover:"  # the line after the lock holder: automatic, or paused (control/pause.py)
 SPARE = "spare "  # a line per spare node (gms_spares), after the failover line: its GMS server's and agent's units
+# the lines after a table's rows (render_status_table): summaries, never a rank's row
+SUMMARIES = ("lock holder:", FAILOVER, "replica ", SPARE)
 HEALTHY = frozenset({"active", "parked", "running"})  # a rank's states of a whole deployment (headless: running)
 
 
@@ -26,7 +28,7 @@ def table_states(lines: list[str]) -> list[str]:
         return []
     column = lines[0].split().index("state")
     return [line.split()[column] for line in lines[2:] if len(line.split()) > column
-            and not line.startswith(("lock holder:", FAILOVER, "replica ", SPARE))]
+            and not line.startswith(SUMMARIES)]
 
 
 def replicas_of(ranks: list[dict[str, Any]]) -> list[int]:
@@ -139,7 +141,7 @@ def table_rows(lines: list[str]) -> tuple[list[tuple[str, ...]], str | None]:
         if line.startswith("lock holder:"):
             holder = line.split(":", 1)[1].strip()
             continue
-        if line.startswith((FAILOVER, "replica ", SPARE)):
+        if line.startswith(SUMMARIES):
             continue
         if line.strip():
             rows.append(tuple(line[a:b].strip() if i < len(spans) - 1 else line[a:].strip()

@@ -35,7 +35,7 @@ from ..common import console
 from ..common.coordination import Coordination, agent_instance
 from ..common.etcd_client import Etcd
 from ..common.events import EventLog
-from ..common.proc import argv_process, cgroup_events, cgroup_populated, pidfd_open, unit_properties
+from ..common.proc import cgroup_events, cgroup_populated, pidfd_open
 from ..common.systemd_notify import SystemdNotifier
 from ..deployment.plan import Plan, gpu_hosts, spare_hosts
 from . import observe
@@ -259,9 +259,8 @@ class Agent:
     def track_gms(self) -> None:
         if self.gms_pidfd is not None:
             return
-        props = unit_properties(self.plan.unit_name("gms"), "MainPID", "ActiveState", "ControlGroup")
-        pid = argv_process(props, self.plan.container)  # in a container: once podman started it (tried every tick)
-        if props.get("ActiveState") == "active" and pid:
+        pid = observe.gms_server_pid(self.plan)  # tried every tick until it runs
+        if pid:
             self.gms_pidfd = pidfd_open(pid)
 
     # --- start: adopt what runs --------------------------------------------------------------------------------

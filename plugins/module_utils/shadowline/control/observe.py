@@ -74,6 +74,14 @@ def unit_state(unit: str) -> UnitState:
     return UnitState(props.get("ActiveState", "unknown"), props.get("SubState", "?"), props.get("Result", "?"))
 
 
+def gms_server_pid(plan: Plan) -> int | None:
+    """The main process of this host's GMS server, while its unit is active (in a container: once podman started
+    it), else None: what a node's agent watches through a pidfd and a spare's agent reports as up."""
+    props = unit_properties(plan.unit_name("gms"), "MainPID", "ActiveState", "ControlGroup")
+    pid = argv_process(props, plan.container)
+    return pid if props.get("ActiveState") == "active" and pid else None
+
+
 def track(plan: Plan, host: str, cohort: int, generation: int, *, engine_only: bool = False) -> LocalRank | None:
     """This node's rank of ``cohort`` as systemd runs it, with a pidfd on its main process (in container mode the
     engine's, the container's first process); None when the unit is not active (or its main process exited

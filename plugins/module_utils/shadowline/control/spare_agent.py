@@ -20,10 +20,10 @@ import time
 from ..common.coordination import Keys, agent_instance
 from ..common.etcd_client import Etcd
 from ..common.events import EventLog
-from ..common.proc import argv_process, unit_properties
 from ..common.systemd_notify import SystemdNotifier
 from ..deployment.plan import Plan, spare_hosts
 from .agent_metrics import AgentMetrics
+from .observe import gms_server_pid
 from .presence import SPARE, Presence
 
 SYNC_S = 1.0  # how often it looks at its GMS server and shows its gauges
@@ -51,7 +51,7 @@ class SpareAgent:
         self.events.write("agent-started", pid=os.getpid(), spare=True)
         self.systemd.ready("spare: a GMS server, no rank")
         while not self.stop.is_set():
-            gms_up = self.gms_server_up()
+            gms_up = gms_server_pid(self.plan) is not None
             model_ready = self.metrics.show_node(gms_server_up=gms_up)
             self.metrics.show_spare(ready=gms_up and model_ready is not False and self.presence.lease != 0)
             self.last_tick = time.monotonic()
@@ -59,11 +59,6 @@ class SpareAgent:
             self.stop.wait(SYNC_S)
         self.systemd.stopping()
         self.events.write("agent-stopped")
-
-    def gms_server_up(self) -> bool:
-        """Whether the GMS server's unit is active with its main process (in a container: once podman started it)."""
-        props = unit_properties(self.plan.unit_name("gms"), "MainPID", "ActiveState", "ControlGroup")
-        return props.get("ActiveState") == "active" and bool(argv_process(props, self.plan.container))
 
     def healthy(self) -> bool:
         return time.monotonic() - self.last_tick < STALLED_S
