@@ -51,6 +51,7 @@ class Deployed:
         self.address = f"198.18.{instance}.10"
         self.frontend = f"http://{self.address}:8000"
         self.clients: list[Etcd] = []  # every etcd client etcd() handed out (close_clients)
+        self._etcd: dict[tuple[str, tuple[int, ...]], Etcd] = {}  # etcd()'s clients by identity and testbed
 
     # --- commands ---------------------------------------------------------------------------------------------
     def playbook(self, name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -86,9 +87,19 @@ class Deployed:
         return http_get(f"{agent_url(plan, host)}{path}", 5, context)
 
     def etcd(self, user: str = "agent") -> Etcd:
-        """The deployment's etcd as one of its identities (the controller's copy of the password)."""
-        client = controller_etcd(self.plan(), timeout=2.0, deadline=3.0, user=user)
-        self.clients.append(client)
+        """The deployment's etcd as one of its identities (the controller's copy of the password). Patient: a
+        fresh client's first call is a TLS handshake and an authentication (bcrypt) before the read itself, which
+        took more than the agents' 2 s under CI's load (CI, 2026-11-29: the drills' slots_running and status.yml
+        both saw 'no etcd endpoint answered' while every agent, on its kept connection, ran on).
+        One client per identity and testbed (its hosts' pids), kept: a poll of etcd every half second that made a
+        new one each time authenticated (bcrypt, about 70 ms of etcd's CPU on a quiet machine) every time."""
+        journal = self.tb.load_journal()
+        key = (user, tuple(host.pid for host in journal.hosts) if journal is not None else ())
+        client = self._etcd.get(key)
+        if client is None:
+            client = controller_etcd(self.plan(), timeout=5.0, deadline=10.0, user=user)
+            self._etcd[key] = client
+            self.clients.append(client)
         return client
 
     def close_clients(self) -> None:
@@ -99,6 +110,7 @@ class Deployed:
         for client in self.clients:
             client.close()
         self.clients.clear()
+        self._etcd.clear()
 
     # --- what the agents say -----------------------------------------------------------------------------------
     def story(self, since: float, quiet: tuple[str, ...] = ("leases-refreshed", "gpu-watch-started")) -> str:

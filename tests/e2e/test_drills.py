@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from shadowline.common.coordination import Coordination
+from shadowline.common.etcd_client import EtcdError
 from shadowline.deployment.units import CONFIG_ENV, cohort_config
 from testbed.inventory import failover_under_load
 from testbed.pytest_fixtures import skip_reason
@@ -361,9 +362,15 @@ def slots_running() -> None:
     """Wait until every cohort's slot runs (the agents' records exist: the upgrade's handover needs them)."""
     etcd = d.etcd()
     coord = Coordination(etcd, DEPLOYMENT, 0)
+
+    def running() -> list[int] | None:
+        try:
+            return sorted(c for c, (s, _r) in coord.slots().items() if s.state == "running")
+        except EtcdError:  # a slow answer under load is another poll, not the test's end
+            return None
+
     try:
-        wait_for("every cohort's slot running", lambda: sorted(
-            c for c, (s, _r) in coord.slots().items() if s.state == "running") == [0, 1], 90)
+        wait_for("every cohort's slot running", lambda: running() == [0, 1], 90)
     finally:
         etcd.close()
 

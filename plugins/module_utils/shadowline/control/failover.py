@@ -292,9 +292,11 @@ def set_paused(plan: Plan, paused: bool, reason: str = "", by: str = "", check: 
 
 def paused_record(plan: Plan) -> dict[str, Any] | None:
     """The deployment's pause record (control/pause.py: the first replica's that has one), None while automatic
-    failover runs in every replica."""
+    failover runs in every replica. An operator's one read from a fresh client (TLS handshake and authentication
+    before it): more patient than the agents' 2 s, which a loaded etcd exceeded (CI, 2026-11-29: status.yml printed
+    "failover: unknown" while the agents, on their kept connections, ran on)."""
     try:
-        etcd = etcd_for(plan)
+        etcd = etcd_for(plan, 5.0, deadline=8.0)
         records = (_pause_in(etcd, Keys(plan.deployment, replica.id).paused()) for replica in plan.replicas)
         return next((r for r in records if r is not None), None)
     except EtcdError as err:
