@@ -1,7 +1,8 @@
 """A fleet on the testbed (issue #39, docs/fleet.md): 4 hosts as 2 replicas of 2 nodes, one frontend over both,
 and a spare node (issue #40, docs/fleet.md Spare nodes): a GMS server and an agent, no rank.
 
-site.yml converges it from nothing and a second run changes nothing; each replica's agents drive their own
+site.yml converges it from nothing and a second run changes nothing; model.yml verifies the spare's copy of the
+model with the nodes'; each replica's agents drive their own
 replica (its records under ``replicas/<q>/`` in etcd, its own lock holder); both replicas' serving workers are
 registered under the one model name. drill.yml on one replica (kill-leader, kill-worker, hang-leader,
 stall-generation): 0 failed first attempts, streaming or not, the replica's parked shadow promoted inside it, the
@@ -136,6 +137,18 @@ def test_the_spare_runs_a_gms_server_and_an_agent_and_no_rank(fleet: dict[str, A
     finally:
         d.on(SPARE, "systemctl", "start", plan.unit_name("gms"))
     assert wait_until(lambda: spare_ready("1.0"), 30, 0.5, "the spare ready again")
+
+
+def test_model_playbook_verifies_the_spares_copy_with_the_nodes(fleet: dict[str, Any]) -> None:
+    """playbooks/model.yml covers the spare node too (a spare that takes a node's place loads the same weights):
+    site.yml staged it there, so model.yml re-verifies every node's and the spare's copy, changes nothing, and
+    its table has a row for the spare."""
+    proc = d.playbook("model.yml", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert recap(proc.stdout) == {host: 0 for host in (*REPLICAS[0], *REPLICAS[1], SPARE)}, proc.stdout[-4000:]
+    rows = [line for line in proc.stdout.splitlines() if re.search(rf"\b{SPARE}\b.*\bReady\b", line)]
+    assert rows, f"model.yml's table has no Ready row for the spare {SPARE}:\n{proc.stdout[-4000:]}"
+    assert "all 5 node(s) Ready with digest" in proc.stdout, proc.stdout[-4000:]
 
 
 def test_each_replica_keeps_its_own_records_lock_and_serving_worker(fleet: dict[str, Any]) -> None:
