@@ -50,8 +50,8 @@ class Deployed:
         self.extra_vars = extra_vars
         self.address = f"198.18.{instance}.10"
         self.frontend = f"http://{self.address}:8000"
-        self.clients: list[Etcd] = []  # every etcd client etcd() handed out (close_clients)
-        self._etcd: dict[tuple[str, tuple[int, ...]], Etcd] = {}  # etcd()'s clients by identity and testbed
+        # every etcd client etcd() handed out, by identity and testbed (its hosts' pids): close_clients
+        self.clients: dict[tuple[str, tuple[int, ...]], Etcd] = {}
 
     # --- commands ---------------------------------------------------------------------------------------------
     def playbook(self, name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -95,11 +95,9 @@ class Deployed:
         new one each time authenticated (bcrypt, about 70 ms of etcd's CPU on a quiet machine) every time."""
         journal = self.tb.load_journal()
         key = (user, tuple(host.pid for host in journal.hosts) if journal is not None else ())
-        client = self._etcd.get(key)
+        client = self.clients.get(key)
         if client is None:
-            client = controller_etcd(self.plan(), timeout=5.0, deadline=10.0, user=user)
-            self._etcd[key] = client
-            self.clients.append(client)
+            client = self.clients[key] = controller_etcd(self.plan(), timeout=5.0, deadline=10.0, user=user)
         return client
 
     def close_clients(self) -> None:
@@ -107,10 +105,9 @@ class Deployed:
         clients, and so their connections to the testbed, alive to the end of the session, and the leak check
         after the testbed is down would count them (CI, 2026-11-27: a row's failure made the next module's
         teardown fail too)."""
-        for client in self.clients:
+        for client in self.clients.values():
             client.close()
         self.clients.clear()
-        self._etcd.clear()
 
     # --- what the agents say -----------------------------------------------------------------------------------
     def story(self, since: float, quiet: tuple[str, ...] = ("leases-refreshed", "gpu-watch-started")) -> str:
