@@ -102,42 +102,43 @@ def test_memory_budget_counts_weights_once_and_overhead_per_engine():
     gpus = [{"uuid": f"GPU-{i}", "memory_mib": 81920.0} for i in range(8)]
     weights = 140 * 1024 ** 3
     assert preflight(facts(gpus=gpus, manifest_weight_bytes=weights), gms_cohorts=4) == []
-    assert preflight(facts(gpus=gpus, manifest_weight_bytes=weights), gms_cohorts=4,
-                     gms_engine={"tensor_parallel_size": 2, "gpus_per_node": 8}) == []  # 70 + 4 x 1 GiB fits
-    (msg,) = preflight(facts(gpus=gpus, manifest_weight_bytes=weights), gms_cohorts=12,
+    assert preflight(facts(gpus=gpus, manifest_weight_bytes=weights), gms_cohorts=3,
+                     gms_engine={"tensor_parallel_size": 2, "gpus_per_node": 8}) == []  # 70 + 3 x 3 GiB fits
+    (msg,) = preflight(facts(gpus=gpus, manifest_weight_bytes=weights), gms_cohorts=4,
                        gms_engine={"tensor_parallel_size": 2, "gpus_per_node": 8})
     assert msg.startswith("gms_memory: each GPU needs 82.0 GiB (weights 140.0 GiB / TP 2 + KV reserve 0 GiB + "
-                          "12 engines x 1 GiB overhead) but has 80.0 GiB.")
+                          "4 engines x 3 GiB overhead) but has 80.0 GiB.")
     (msg,) = preflight(facts(gpus=gpus), gms_memory={"weights_gib": 150, "kv_reserve_gib": 8},
                        gms_engine={"tensor_parallel_size": 2, "gpus_per_node": 8})
-    assert "each GPU needs 85.0 GiB" in msg and "has 80.0 GiB" in msg
+    assert "each GPU needs 89.0 GiB" in msg and "has 80.0 GiB" in msg
 
 
 def test_a_new_model_revision_is_budgeted_beside_the_served_one():
     """A revision switch keeps the served revision's weights resident until every cohort runs the new one."""
     gpus = [{"uuid": f"GPU-{i}", "memory_mib": 81920.0} for i in range(8)]
     engine = {"tensor_parallel_size": 2, "gpus_per_node": 8}
+    memory = {"engine_overhead_gib": 1.0}  # the arithmetic below: 1 GiB per engine
     hv, _hosts = hostvars(1)
     served = {"revision": "f" * 40, "model_dir": "/m/old", "tensor_parallel_size": 2, "weight_bytes": 100 * 1024 ** 3}
     new = 100 * 1024 ** 3
     # alone, the new revision fits (50 + 4 GiB); beside the served one it does not (50 + 50 + 4 GiB)
-    assert preflight(facts(gpus=gpus, manifest_weight_bytes=new), gms_cohorts=4, gms_engine=engine) == []
+    assert preflight(facts(gpus=gpus, manifest_weight_bytes=new), gms_cohorts=4, gms_engine=engine, gms_memory=memory) == []
     (msg,) = preflight(facts(gpus=gpus, manifest_weight_bytes=new, running_model=served), gms_cohorts=4,
-                       gms_engine=engine)
+                       gms_engine=engine, gms_memory=memory)
     assert msg.startswith(f"gms_model.revision: switching the served revision {'f' * 40} to "
                           f"{hv['node0']['gms_model']['revision']} keeps both in GPU memory"), msg
     assert "each GPU needs 104.0 GiB (the served revision's weights 100.0 GiB / TP 2 + the new revision's" in msg
     assert "has 80.0 GiB" in msg and "playbooks/teardown.yml" in msg
     # not staged yet: the new revision is assumed the served one's size
-    (msg,) = preflight(facts(gpus=gpus, running_model=served), gms_cohorts=4, gms_engine=engine)
+    (msg,) = preflight(facts(gpus=gpus, running_model=served), gms_cohorts=4, gms_engine=engine, gms_memory=memory)
     assert "each GPU needs 104.0 GiB" in msg
     # a smaller model fits twice; the same revision (a deployment changing other things) is budgeted once
     small = {**served, "weight_bytes": 20 * 1024 ** 3}
     assert preflight(facts(gpus=gpus, manifest_weight_bytes=20 * 1024 ** 3, running_model=small), gms_cohorts=4,
-                     gms_engine=engine) == []
+                     gms_engine=engine, gms_memory=memory) == []
     same = {**served, "revision": hv["node0"]["gms_model"]["revision"]}
     assert preflight(facts(gpus=gpus, manifest_weight_bytes=new, running_model=same), gms_cohorts=4,
-                     gms_engine=engine) == []
+                     gms_engine=engine, gms_memory=memory) == []
 
 
 def test_port_in_use_by_someone_else_but_not_by_us():

@@ -150,7 +150,7 @@ def test_preflights_budget_on_an_h200_and_on_a_small_gpu():
     assert gp.example_budget(h200) == []
     (problem,) = gp.example_budget([{"uuid": H200_UUID, "memory_mib": 40960.0}])
     assert "each GPU needs 65.4 GiB" in problem and "has 40.0 GiB" in problem
-    assert gp.default_overhead_gib() == 1.0
+    assert gp.default_overhead_gib() == 3.0
 
 
 # -- rows, the table, the report ---------------------------------------------------------------------------------- #

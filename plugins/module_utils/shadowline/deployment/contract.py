@@ -41,7 +41,9 @@ DEFAULT_MEMORY: dict[str, Any] = {
     "gpu_memory_gib": None,  # default: measured with nvidia-smi when present
     "weights_gib": None,  # default: the staged model's manifest when present
     "kv_reserve_gib": 0,
-    "engine_overhead_gib": 1.0,
+    # a parked engine's context, graphs, communicators: 1.28 GiB measured on an H200 for one small graph and an NCCL
+    # world of one (docs/gpu-cluster.md "What a GPU proved"); 2.7 GiB upstream for a parked vLLM shadow on a B200
+    "engine_overhead_gib": 3.0,
 }
 DEFAULT_MONITORING: dict[str, Any] = {
     "mode": "server",  # server: Prometheus on `host`; targets: only the file_sd targets there; none: nothing
