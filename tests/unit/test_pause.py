@@ -100,7 +100,7 @@ def test_pausing_twice_keeps_the_first_record_and_resuming_removes_it(tmp_path: 
     plan, _hosts = two_nodes(tmp_path)
     server = start_etcd(tmp_path)
     try:
-        monkeypatch.setattr(failover, "etcd_for", lambda _plan: Etcd(server.url))
+        monkeypatch.setattr(failover, "operator_etcd", lambda _plan: Etcd(server.url))
         assert failover.set_paused(plan, True, "switch firmware", "alice", check=True)["changed"]
         assert Etcd(server.url).get(Keys(plan.deployment, 0).paused()) is None, "check mode wrote the record"
         first = failover.set_paused(plan, True, "switch firmware", "alice")

@@ -88,6 +88,19 @@ def etcd_for(plan: Plan, timeout: float = 2.0, *, user: str = AGENT, password_fi
                 auth=EtcdAuth(user, password))
 
 
+# An operator's calls (a playbook's module, the CLI, status, a drill's reads) each from a fresh client: a TLS
+# handshake and an authentication before the first answer, under whatever load the cluster has. More patient than
+# the agents' 2 s on their kept connections, which a loaded etcd exceeded (CI, 2026-11-29: status.yml printed
+# "failover: unknown" while the agents ran on).
+OPERATOR_TIMEOUT_S = 5.0  # per endpoint
+OPERATOR_DEADLINE_S = 8.0  # per call
+
+
+def operator_etcd(plan: Plan) -> Etcd:
+    """The deployment's etcd for an operator's action on a host (etcd_for, at the operator's patience)."""
+    return etcd_for(plan, OPERATOR_TIMEOUT_S, deadline=OPERATOR_DEADLINE_S)
+
+
 def controller_etcd(plan: Plan, timeout: float = 2.0, deadline: float = 3.0, user: str = AGENT) -> Etcd:
     """The deployment's etcd from the Ansible controller (benchmarks, tests): the agents' identity by default
     (``root`` for maintenance such as defragmenting), its password from ``gms_secrets_dir`` where

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..cluster.access import etcd_for
+from ..cluster.access import operator_etcd
 from ..cluster.cohort_state import lock_holder
 from ..cluster.discovery import cohort_registrations, deroute, reroute, revoke_leases
 from ..common.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Coordination, Keys, Slot
@@ -69,7 +69,7 @@ def plan_failover(plan: Plan, cohort: int, mode: str) -> dict[str, Any]:
     if not plan.has_cohort(cohort):
         raise FailoverError(f"cohort {cohort} is not in the plan (cohorts 0..{len(plan.cohorts) - 1})")
     try:
-        coord = Coordination(etcd_for(plan), plan.deployment, sole_replica(plan))
+        coord = Coordination(operator_etcd(plan), plan.deployment, sole_replica(plan))
         slots = coord.slots()
     except EtcdError as err:
         raise FailoverError(f"etcd does not answer: {err}") from None
@@ -248,7 +248,7 @@ def unfence(plan: Plan, node: str, check: bool = False) -> dict[str, Any]:
         raise FailoverError(f"unfence={node}: not a node of deployment {plan.deployment} "
                             f"(nodes: {', '.join(plan.hosts)})")
     try:
-        coord = Coordination(etcd_for(plan), plan.deployment, plan.replica_of(node).id)
+        coord = Coordination(operator_etcd(plan), plan.deployment, plan.replica_of(node).id)
         kv = coord.etcd.get(coord.keys.fenced(node))
         if kv is None:
             return {"changed": False, "fence": None}
@@ -269,7 +269,7 @@ def set_paused(plan: Plan, paused: bool, reason: str = "", by: str = "", check: 
     record (its time and reason): a pause is one maintenance window until it is resumed. A deployment's pause is
     one record per replica (each replica's agents read their own): written and removed for every replica."""
     try:
-        etcd = etcd_for(plan)
+        etcd = operator_etcd(plan)
         keys = [Keys(plan.deployment, replica.id).paused() for replica in plan.replicas]
         records = {key: _pause_in(etcd, key) for key in keys}
         before = next((r for r in records.values() if r is not None), None)
@@ -292,11 +292,9 @@ def set_paused(plan: Plan, paused: bool, reason: str = "", by: str = "", check: 
 
 def paused_record(plan: Plan) -> dict[str, Any] | None:
     """The deployment's pause record (control/pause.py: the first replica's that has one), None while automatic
-    failover runs in every replica. An operator's one read from a fresh client (TLS handshake and authentication
-    before it): more patient than the agents' 2 s, which a loaded etcd exceeded (CI, 2026-11-29: status.yml printed
-    "failover: unknown" while the agents, on their kept connections, ran on)."""
+    failover runs in every replica. An operator's read (cluster/access.operator_etcd)."""
     try:
-        etcd = etcd_for(plan, 5.0, deadline=8.0)
+        etcd = operator_etcd(plan)
         records = (_pause_in(etcd, Keys(plan.deployment, replica.id).paused()) for replica in plan.replicas)
         return next((r for r in records if r is not None), None)
     except EtcdError as err:

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from ..cluster import discovery
-from ..cluster.access import etcd_for, frontend_context
+from ..cluster.access import frontend_context, operator_etcd
 from ..cluster.cohort_state import leader_view, lock_holder, unit_status
 from ..common import console
 from ..common.coordination import DEAD, RUNNING, Coordination
@@ -101,7 +101,7 @@ def leader_views(plan: Plan, timeout_s: float = 1.0) -> dict[str, dict[str, Any]
 def slots(plan: Plan) -> dict[str, dict[str, Any]] | None:
     """The slot records in etcd ({cohort: {generation, state, reason, attempts}}), None when etcd is away."""
     try:
-        records = Coordination(etcd_for(plan), plan.deployment, sole_replica(plan)).slots()
+        records = Coordination(operator_etcd(plan), plan.deployment, sole_replica(plan)).slots()
     except EtcdError:
         return None
     return {str(c): {"generation": s.generation, "state": s.state, "reason": s.reason, "attempts": s.attempts,
@@ -113,7 +113,7 @@ def workers(plan: Plan) -> dict[str, str | None]:
     the host address of its request plane}, which names its replica's leader node (drill/serving.py); {} when
     etcd is away."""
     try:
-        return {reg.instance_id: reg.host for reg in discovery.registrations(etcd_for(plan))}
+        return {reg.instance_id: reg.host for reg in discovery.registrations(operator_etcd(plan))}
     except EtcdError:
         return {}
 
