@@ -65,7 +65,10 @@ def test_the_rank_sized_task_has_the_ranks_processes_threads_and_memory():
         while time.monotonic() < deadline:
             main = status(task.pid)
             children = [int(c) for c in Path(f"/proc/{task.pid}/task/{task.pid}/children").read_text().split()]
+            # every figure the asserts read, the child's threads too (under load the child's third thread was
+            # not started yet when the others were ready)
             if (children and int(main["Threads"]) == 5 and int(main["VmRSS"].split()[0]) >= 38 * 1024
+                    and int(status(children[0])["Threads"]) == 3
                     and int(status(children[0])["VmRSS"].split()[0]) >= 22 * 1024):
                 break
             time.sleep(0.1)
