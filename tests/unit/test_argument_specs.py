@@ -42,6 +42,7 @@ def _spec_defaults() -> dict[str, Any]:
         "gms_firewall_allow": [],
         "gms_frontend_allow": [],
         "gms_frontend_tls": contract.FRONTEND_TLS_PLAIN,
+        "gms_frontend_router_mode": contract.DEFAULT_ROUTER_MODE,
         "gms_binaries": contract.DEFAULT_BINARIES,
         "gms_secrets_dir": contract.DEFAULT_SECRETS_DIR.format(deployment=PLACEHOLDER),
         # required, or computed from other variables

@@ -142,6 +142,21 @@ def test_three_infra_hosts_give_every_endpoint():
     assert flag(plan.infra.frontend.argv, "--migration-limit") == "3"
 
 
+def test_the_router_mode_is_rendered_only_when_not_dynamos_default():
+    assert "--router-mode" not in plan_for(2).infra.frontend.argv  # round-robin: Dynamo 1.6.1's default
+    for mode in ("kv", "least-loaded", "power-of-two", "random"):
+        assert flag(plan_for(2, gms_frontend_router_mode=mode).infra.frontend.argv, "--router-mode") == mode
+
+
+def test_an_unknown_router_mode_is_refused_naming_the_field_and_the_choices():
+    hv, hosts = hostvars(2, gms_frontend_router_mode="kv-aware")
+    contract, problems = parse_contract(hv, hosts, [])
+    assert contract is None
+    (problem,) = [str(p) for p in problems]
+    assert problem.startswith("gms_frontend_router_mode: is the string 'kv-aware', not one of round-robin, random, "
+                              "power-of-two, least-loaded, kv. Fix: set gms_frontend_router_mode to one of"), problem
+
+
 def test_numbers_from_extra_vars_strings_are_accepted():
     plan = plan_for(2, gms_cohorts="3", gms_engine={"tensor_parallel_size": "16", "gpus_per_node": "8"})
     assert len(plan.cohorts) == 3

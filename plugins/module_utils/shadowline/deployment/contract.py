@@ -18,8 +18,9 @@ from ..common.problems import Problem
 from ..common.settings import (
     DEFAULT_FAILOVER,
     DEFAULT_PORTS,
-    FRONTEND_TLS_MUTUAL,
-    FRONTEND_TLS_ON,
+    DEFAULT_ROUTER_MODE,
+    FRONTEND_ROUTER_MODES,
+    FRONTEND_TLS_MODES,
     FRONTEND_TLS_PLAIN,
     Container,
     Failover,
@@ -41,9 +42,7 @@ DEFAULT_MEMORY: dict[str, Any] = {
     "gpu_memory_gib": None,  # default: measured with nvidia-smi when present
     "weights_gib": None,  # default: the staged model's manifest when present
     "kv_reserve_gib": 0,
-    # a parked engine's context, graphs, communicators: 1.28 GiB measured on an H200 for one small graph and an NCCL
-    # world of one (docs/gpu-cluster.md "What a GPU proved"); 2.7 GiB upstream for a parked vLLM shadow on a B200
-    "engine_overhead_gib": 3.0,
+    "engine_overhead_gib": 3.0,  # a parked engine's context, graphs, communicators (docs/gpu-cluster.md: 1.28 GiB floor)
 }
 DEFAULT_MONITORING: dict[str, Any] = {
     "mode": "server",  # server: Prometheus on `host`; targets: only the file_sd targets there; none: nothing
@@ -76,10 +75,8 @@ KNOWN_VARIABLES = [
     "gms_model_allow_unpinned", "gms_model_allow_pickle", "gms_model_verify", "gms_model_hf_token_file",
     "gms_failover", "gms_slurm",
     "gms_monitoring", "gms_insecure", "gms_secrets_dir", "gms_secrets_rotate", "gms_firewall_allow", "gms_frontend_allow",
-    "gms_frontend_tls", "gms_binaries", "gms_container", *REPLICA_VARIABLES,
+    "gms_frontend_tls", "gms_frontend_router_mode", "gms_binaries", "gms_container", *REPLICA_VARIABLES,
 ]
-# gms_frontend_tls (the modes: settings.py)
-FRONTEND_TLS_MODES = [FRONTEND_TLS_PLAIN, FRONTEND_TLS_ON, FRONTEND_TLS_MUTUAL]
 # Shared variables must be the same on every node of a deployment.
 SHARED_VARIABLES = [v for v in KNOWN_VARIABLES if v not in NODE_VARIABLES]
 
@@ -125,6 +122,7 @@ class Contract:
     firewall_allow: tuple[str, ...] = ()  # gms_firewall_allow: more sources the host firewall lets in
     frontend_allow: tuple[str, ...] = ()  # gms_frontend_allow: who may reach the frontend (empty: anyone)
     frontend_tls: str = FRONTEND_TLS_PLAIN  # gms_frontend_tls: plain, tls (HTTPS) or mutual (HTTPS, client certificates)
+    frontend_router_mode: str = DEFAULT_ROUTER_MODE  # gms_frontend_router_mode (settings.py)
     binaries: Binaries = Binaries()  # gms_binaries: the etcd and nats-server executables on the infra hosts
     container: Container | None = None  # python_env_mode container: the image the GPU processes run from
     spares: tuple[Node, ...] = ()  # gms_spares: hosts with a GMS server and an agent and no rank (spares.py)
@@ -243,6 +241,8 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
     firewall_allow = _networks(read, "gms_firewall_allow", shared.get("gms_firewall_allow", []))
     frontend_allow = _networks(read, "gms_frontend_allow", shared.get("gms_frontend_allow", []))
     frontend_tls = _frontend_tls(read, shared.get("gms_frontend_tls", FRONTEND_TLS_PLAIN), bool(insecure))
+    router_mode = read.choice("gms_frontend_router_mode", shared.get("gms_frontend_router_mode", DEFAULT_ROUTER_MODE),
+                              FRONTEND_ROUTER_MODES)
     binaries = _parse_binaries(read, shared.get("gms_binaries"))
     container = _parse_runtime_container(read, hostvars, node_hosts, shared, engine)
 
@@ -289,13 +289,11 @@ def parse_contract(hostvars: dict[str, dict[str, Any]], node_hosts: list[str],
         deployment=deployment, nodes=tuple(nodes), infra_hosts=tuple(infra), model=model, engine=engine,
         cohorts=cohorts, ports=ports, socket_dir=socket_dir, lock_path=lock_path, python=python,
         service_user=service_user, memory=memory, frontend_bind=str(frontend_bind or infra[0].address),
-        failover=failover,
-        allow_unpinned=bool(allow_unpinned), allow_pickle=bool(allow_pickle),
-        monitoring=monitoring, insecure=bool(insecure), secrets_dir=secrets_dir or "",
-        secrets_rotate=bool(secrets_rotate),
+        failover=failover, allow_unpinned=bool(allow_unpinned), allow_pickle=bool(allow_pickle),
+        monitoring=monitoring, insecure=bool(insecure), secrets_dir=secrets_dir or "", secrets_rotate=bool(secrets_rotate),
         firewall_allow=tuple(firewall_allow or ()), frontend_allow=tuple(frontend_allow or ()),
         frontend_tls=frontend_tls or FRONTEND_TLS_PLAIN, binaries=binaries or Binaries(), container=container,
-        spares=tuple(spares or ()),
+        spares=tuple(spares or ()), frontend_router_mode=router_mode or DEFAULT_ROUTER_MODE,
     )
     return contract, problems
 

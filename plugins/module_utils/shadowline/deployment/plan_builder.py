@@ -14,7 +14,7 @@ from typing import Any
 
 from ..backends import backend
 from ..common.problems import Problem, format_problems
-from ..common.settings import CohortPorts, Node, Ports
+from ..common.settings import DEFAULT_ROUTER_MODE, CohortPorts, Node, Ports
 from .contract import CONFIG_DIR, STATE_DIR, Contract
 from .pki import subject_dn
 from .plan import (
@@ -147,6 +147,8 @@ def _infra_plan(contract: Contract, dirs: _Dirs, security: Security, etcd_proxy:
     first = contract.infra_hosts[0]
     argv = (runtime_python(contract), "-m", "dynamo.frontend", "--http-host", contract.frontend_bind,
             "--http-port", str(ports.frontend), "--migration-limit", str(FRONTEND_MIGRATION_LIMIT))
+    if contract.frontend_router_mode != DEFAULT_ROUTER_MODE:  # Dynamo's default, left implicit (no unit changes)
+        argv += ("--router-mode", contract.frontend_router_mode)
     env = {
         **_discovery_env(_dynamo_etcd(contract, security, etcd), nats, security, contract.deployment, first.host),
         "ETCD_LEASE_TTL": str(contract.engine.lease_ttl_s),  # the engines' etcd outage tolerance, the frontend's too
