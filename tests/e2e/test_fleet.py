@@ -267,11 +267,12 @@ def test_an_upgrade_of_one_replica_under_load_leaves_the_other_as_it_was(fleet: 
         for cohort in (0, 1):
             assert "--max-model-len" not in running_argv(host, cohort), (host, cohort)
     # the spare follows the new plan (upgrade.yml's last play), its agent on it
-    plan_file = f"{d.plan().config_dir}/plan.json"
+    plan = d.plan()
+    plan_file = f"{plan.config_dir}/plan.json"
     spare_plan = d.on(SPARE, "cat", plan_file)
     assert spare_plan == d.on(REPLICAS[1][0], "cat", plan_file) and "2048" in spare_plan, \
         f"the spare {SPARE} kept the old plan after the upgrade:\n{proc.stdout[-3000:]}"
-    assert d.on(SPARE, "systemctl", "is-active", d.plan().unit_name("agent")).strip() == "active"
+    assert d.on(SPARE, "systemctl", "is-active", plan.unit_name("agent")).strip() == "active"
     after = records(0)
     if after != before:
         # A hang declared by replica 0's own agents under CI's load (CI of stop 50: replica 0 failed over in the

@@ -58,9 +58,10 @@ FRONTEND_TLS_PLAIN, FRONTEND_TLS_ON, FRONTEND_TLS_MUTUAL = "plain", "tls", "mutu
 FRONTEND_TLS_MODES = [FRONTEND_TLS_PLAIN, FRONTEND_TLS_ON, FRONTEND_TLS_MUTUAL]
 # gms_frontend_router_mode: how the frontend picks a worker among the replicas' serving ones (Dynamo 1.6.1's
 # --router-mode, whose default is round-robin: rendered only when another is chosen). kv routes on the prefixes
-# each worker caches (the workers' KV events: vLLM's prefix cache through Dynamo, the stand-in's mocker alike);
-# least-loaded and power-of-two on requests in flight. Dynamo's direct and device-aware-weighted are left out (a
-# request naming its worker; CPU and GPU workers mixed).
+# each worker caches, as its KV events tell the frontend; the engines as the plan renders them send none (Dynamo
+# 1.6.1's dynamo.vllm without --kv-events-config; the stand-in's mocker on NATS, which the frontend ignores), so kv
+# routes on load alone (docs/fleet.md). least-loaded and power-of-two route on requests in flight. Dynamo's direct
+# and device-aware-weighted are left out (a request naming its worker; CPU and GPU workers mixed).
 FRONTEND_ROUTER_MODES = ["round-robin", "random", "power-of-two", "least-loaded", "kv"]
 DEFAULT_ROUTER_MODE = FRONTEND_ROUTER_MODES[0]
 
