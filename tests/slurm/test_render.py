@@ -43,6 +43,8 @@ VARIANTS = {
                             "container_mounts": ["/scratch/models:/scratch/models:ro"]}},
     "apptainer": {"gms_slurm": {"container_image": "/shared/images/dynamo.sif", "container_runtime": "apptainer",
                                 "container_mounts": ["/scratch:/scratch"], "exclusive": False}},
+    "library": {"gms_slurm": {"container_image": "nvcr.io#nvidia/ai-dynamo/vllm-runtime:1.6.1",
+                              "library_dir": "/shared/ansible/ansible_collections/shadowline/gms/plugins/module_utils"}},
     "standin": {"gms_engine": {"backend": "standin", "tensor_parallel_size": 2, "nnodes": 2},
                 "gms_cohorts": 2, "gms_slurm": {"model_check": False}},
 }
@@ -180,6 +182,10 @@ def test_yaml_and_ansible_inventories_render_the_same(tmp_path):
     ({"extra_sbatch": ["--constraint=h100 --uid=0"]}, "gms_slurm.extra_sbatch", "no spaces"),
     ({"extra_sbatch": ["--comment=a\n#SBATCH --uid=0"]}, "gms_slurm.extra_sbatch", "no spaces"),
     ({"extra_sbatch": ["--comment=a\tb"]}, "gms_slurm.extra_sbatch", "no spaces"),
+    ({"library_dir": "lib"}, "gms_slurm.library_dir", "absolute path"),
+    ({"library_dir": "/shared/lib:/other"}, "gms_slurm.library_dir", "without them"),
+    ({"library_dir": "/shared/lib,x"}, "gms_slurm.library_dir", "without them"),
+    ({"library_dir": "/shared/lib/shadowline"}, "gms_slurm.library_dir", "set it to /shared/lib"),
 ])
 def test_bad_options_name_the_field_and_the_fix(slurm, field, fix):
     context, problems = job_context(values(gms_slurm=slurm))
@@ -322,3 +328,35 @@ def test_the_node_directory_is_never_the_root_a_system_directory_relative_or_dot
     context, problems = job_context(values(gms_slurm={"node_dir": node_dir}))
     assert context is None and [p.field for p in problems] == ["gms_slurm.node_dir"], problems
     assert said in problems[0].message + problems[0].fix, problems[0]
+
+
+def test_the_library_dir_is_the_jobs_pythonpath_and_mounted_read_only(tmp_path):
+    """gms_slurm.library_dir (issue #41: NVIDIA's image has no shadowline): exported as PYTHONPATH for the
+    supervisor and, through srun --export=ALL, every step; mounted read-only at the same path into each
+    container. Without it the script sets no PYTHONPATH."""
+    library = "/shared/ansible/ansible_collections/shadowline/gms/plugins/module_utils"
+    text = render(tmp_path, values(**VARIANTS["library"]), "library.sbatch").read_text()
+    assert f"\nPYTHONPATH={library}\nexport PYTHONPATH\n" in text
+    assert text.index("export PYTHONPATH") < text.index('exec "$SL_PYTHON" -m shadowline.slurm.supervisor')
+    mounts = re.findall(r"--container-mounts=(\S+)", text)
+    assert mounts and all(m.split(",")[-1] == f"{library}:{library}:ro" for m in mounts)
+    plain = render(tmp_path, values(**VARIANTS["pyxis"]), "pyxis.sbatch").read_text()
+    assert "PYTHONPATH" not in plain
+    covered = values(gms_slurm={"container_image": "x#y:1", "container_mounts": ["/shared:/shared:ro"],
+                                "library_dir": "/shared/lib"})
+    assert "/shared/lib:" not in render(tmp_path, covered, "covered.sbatch").read_text()
+
+
+def test_what_runs_in_the_image_needs_only_the_standard_library(tmp_path):
+    """The watchdog, the node tasks and the etcd proxy run in NVIDIA's image with the library on PYTHONPATH
+    (gms_slurm.library_dir): they must import with nothing but Python's standard library. A bare virtual
+    environment (no packages) with the checkout's library on PYTHONPATH runs each one's --help."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    python = str(bare / "bin" / "python")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "plugins" / "module_utils")}
+    assert subprocess.run([python, "-c", "import yaml"], env=env, capture_output=True, check=False).returncode != 0
+    for module in ("shadowline.slurm.watchdog", "shadowline.slurm.node_tasks", "shadowline.slurm.etcd_proxy"):
+        proc = subprocess.run([python, "-m", module, "--help"], env=env, capture_output=True, text=True,
+                              check=False, timeout=60)
+        assert proc.returncode == 0 and "usage" in proc.stdout, f"{module}: {proc.stderr[-1500:]}"

@@ -57,10 +57,27 @@ def wait_for(fn, timeout: float, what: str, interval: float = 0.2):
         time.sleep(interval)
 
 
-def inventory(run: Path, model_dir: Path, jobs: Path) -> Path:
-    """The deployment: the stand-in on 2 nodes, one primary and one shadow. The discovery lease is 15 s (default
-    5) so that a frozen stand-in worker, which stops renewing it, is still registered when the watchdog acts (a
-    hung vLLM engine keeps renewing it): the test then sees the watchdog revoke it."""
+def image_python(run: Path) -> Path:
+    """An interpreter like NVIDIA's image's (issue #41): the runtime's packages (Dynamo, the stand-in's needs,
+    cryptography) but not shadowline. A virtual environment whose one .pth names the runtime's site-packages:
+    Python adds that directory without reading the .pth files in it, so the runtime's shadowline.pth (the
+    checkout) is not read. The job gets shadowline only from gms_slurm.library_dir, as it would in the image."""
+    image = run / "image"
+    subprocess.run([str(RUNTIME_PY), "-m", "venv", "--without-pip", str(image)], check=True, timeout=120)
+    site = subprocess.run([str(RUNTIME_PY), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    own = subprocess.run([str(image / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    Path(own, "runtime.pth").write_text(site + "\n")
+    return image / "bin" / "python"
+
+
+def inventory(run: Path, model_dir: Path, jobs: Path, python: Path) -> Path:
+    """The deployment: the stand-in on 2 nodes, one primary and one shadow, run by an interpreter without
+    shadowline (image_python) that imports it from gms_slurm.library_dir (the checkout's library), the pyxis
+    example's way. The discovery lease is 15 s (default 5) so that a frozen stand-in worker, which stops renewing
+    it, is still registered when the watchdog acts (a hung vLLM engine keeps renewing it): the test then sees the
+    watchdog revoke it."""
     inv = run / "inventory"
     (inv / "group_vars").mkdir(parents=True)
     (inv / "hosts.yml").write_text("all:\n  children:\n    gms_nodes:\n      hosts:\n        allocation: {}\n")
@@ -73,8 +90,9 @@ gms_model:
   local_dir: {model_dir}
 gms_engine: {{backend: standin, tensor_parallel_size: 2, nnodes: 2, lease_ttl_s: 15}}
 gms_cohorts: 2
-gms_python: {RUNTIME_PY}
+gms_python: {python}
 gms_slurm:
+  library_dir: {REPO / "plugins" / "module_utils"}
   time: "00:15:00"
   exclusive: true
   output_dir: {jobs}
@@ -93,7 +111,8 @@ def job(testbed, tiny_model, runtime):
     ensure_model(spec_from_inventory({"id": "shadowline/tiny-llama", "revision": REVISION,
                                       "source": f"file://{tiny_model}", "local_dir": str(model_dir)}))
     script = run / "job.sbatch"
-    out = subprocess.run([str(DEV_PY), str(REPO / "slurm" / "render"), "-i", str(inventory(run, model_dir, jobs)),
+    python = image_python(run)
+    out = subprocess.run([str(DEV_PY), str(REPO / "slurm" / "render"), "-i", str(inventory(run, model_dir, jobs, python)),
                           "--out", str(script)], capture_output=True, text=True, check=True).stdout
     assert json.loads(out)["changed"] is True
     state = testbed(nodes=2, slurm=True)
@@ -101,7 +120,7 @@ def job(testbed, tiny_model, runtime):
     submitted = time.monotonic()
     job_id = on("node0", "bash", "-c", f"cd {run} && sbatch --parsable {script}").strip().split(";")[0]
     job_dir = jobs / f"shadowline-slurmtest-{job_id}"
-    facts = {"id": job_id, "dir": job_dir, "run": run, "script": script, "submitted": submitted}
+    facts = {"id": job_id, "dir": job_dir, "run": run, "script": script, "submitted": submitted, "python": python}
     try:
         yield facts
     finally:
@@ -161,6 +180,20 @@ def test_job_serves_through_the_frontend(job):
     assert {"gms", "etcd", "nats", "frontend", "cohort-0", "cohort-1"} <= names
     first = events(job["dir"])[0]
     assert set(first) >= {"time", "node", "cohort", "generation", "event", "detail"}
+
+
+def test_the_job_runs_shadowline_from_the_library_dir_only(job):
+    """The pyxis example's path without a container (issue #41; enroot and pyxis cannot be installed here, see
+    docs/slurm.md): every step's interpreter lacks shadowline, which the job imports from gms_slurm.library_dir
+    through PYTHONPATH alone; the test above shows that it serves."""
+    python = str(job["python"])
+    for host in ("node0", "node1"):
+        alone = tb.exec_in(host, [python, "-c", "import shadowline"], timeout=30)
+        assert alone.returncode != 0 and "No module named 'shadowline'" in alone.stderr, host
+        ranks = on(host, "pgrep", "-a", "-f", f"^{python} -m shadowline.slurm.watchdog").splitlines()
+        assert len(ranks) == 2, ranks  # one rank of each cohort, under the watchdog, by that interpreter
+    environ = on("node1", "bash", "-c", "tr '\\0' '\\n' < /proc/$(pgrep -f -o shadowline.slurm.watchdog)/environ")
+    assert f"PYTHONPATH={REPO / 'plugins' / 'module_utils'}" in environ.splitlines()
 
 
 def test_the_jobs_control_plane_is_closed(job, tmp_path_factory):

@@ -147,6 +147,10 @@ def test_the_slurm_example_renders_a_job_in_nvidias_container():
     assert "#SBATCH --nodes=2" in text and "#SBATCH --gpus-per-node=8" in text
     assert "--container-image='nvcr.io#nvidia/ai-dynamo/vllm-runtime:1.6.1'" in text
     assert "--container-name=shadowline-llama70b" in text and "--no-container-mount-home" in text
+    # what the image holds (Dynamo's vllm_runtime recipe) and what it does not: shadowline, from library_dir
+    assert "        /usr/local/bin/etcd/etcd \\\n" in text and "        /usr/bin/nats-server -c " in text
+    library = "/shared/ansible/ansible_collections/shadowline/gms/plugins/module_utils"
+    assert f"PYTHONPATH={library}\n" in text and f",{library}:{library}:ro " in text
 
 
 @pytest.mark.parametrize("name", ["h100-2x8-tp16"])

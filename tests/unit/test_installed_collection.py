@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -189,3 +190,40 @@ def test_preflight_by_fqcn_refuses_the_local_example_broken(runs: Runs, breakage
     assert "Traceback" not in output, output
     for line in runs.expected[breakage]:
         assert line in output, f"expected {line!r} in:\n{output}"
+
+
+def example_commands(example: Path) -> list[str]:
+    """The commands the example's comments give: `shadowline ...` in backquotes, and comment lines that are a
+    command of their own (``#   ansible-galaxy ...``)."""
+    commands = []
+    for path in sorted(example.rglob("*.yml")):
+        for line in path.read_text().splitlines():
+            comment = line.split("#", 1)[1] if "#" in line else ""
+            commands += re.findall(r"`(shadowline [^`]+)`", comment)
+            if comment.strip().startswith("ansible-galaxy "):
+                commands.append(comment.strip())
+    return commands
+
+
+def test_the_slurm_examples_comment_commands_work(installed: Installed, tmp_path: Path):
+    """issue #41: the slurm-pyxis example's own comment commands, run as written (the tarball's version and a
+    scratch /shared filled in): the collection installed where gms_slurm.library_dir expects it, holding the
+    shadowline package the job puts on PYTHONPATH; the batch script rendered from the example."""
+    example = installed.collection / "inventories" / "examples" / "slurm-pyxis"
+    commands = example_commands(example)
+    assert [c.split()[:2] for c in commands] == [["ansible-galaxy", "collection"], ["shadowline", "render-slurm"]]
+    shared = tmp_path / "shared"
+    tarball = installed.scratch / "build" / f"shadowline-gms-{installed.version}.tar.gz"
+    shutil.copytree(installed.collection / "inventories", tmp_path / "inventories")
+    for command in commands:
+        argv = command.replace("shadowline-gms-<version>.tar.gz", str(tarball)).replace("/shared", str(shared)).split()
+        proc = subprocess.run([str(BIN / argv[0]), *argv[1:]], cwd=tmp_path, env=installed.env, capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert proc.returncode == 0, f"{command}: {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
+    library = yaml.safe_load((example / "group_vars" / "all.yml").read_text())["gms_slurm"]["library_dir"]
+    assert library.startswith("/shared/")
+    installed_library = Path(library.replace("/shared", str(shared), 1))
+    assert (installed_library / "shadowline" / "slurm" / "watchdog.py").is_file(), installed_library
+    script = (tmp_path / "shadowline-llama70b.sbatch").read_text()
+    assert f"PYTHONPATH={library}\n" in script and f"{library}:{library}:ro" in script
+    assert "/usr/local/bin/etcd/etcd" in script and "/usr/bin/nats-server -c" in script

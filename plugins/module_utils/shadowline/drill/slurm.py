@@ -130,7 +130,10 @@ def inject(job: dict[str, Any], step_id: str, fault: str, at: float, python: str
             "--job-name=drill", "--label", python, "-m", "shadowline.drill.slurm_fault", "--step", step_id,
             "--target-node", target["name"], "--rank", str(rank), "--fault", spec.slurm, "--at", f"{at:.3f}",
             "--timeout", f"{timeout:g}"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = dict(os.environ)
+    if job.get("library_dir"):  # the job imports shadowline from there (gms_slurm.library_dir): so does its task
+        env["PYTHONPATH"] = job["library_dir"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if fault == "scancel-step":
         time.sleep(max(0.0, at - time.time()))
         subprocess.run(["scancel", step_id], check=False, timeout=30)

@@ -163,6 +163,7 @@ def job_context(shared: dict[str, Any], inventory_hosts: int = 1,
         "settings": [("SL_PYTHON", sh(supervisor_python)), ("SL_NODE_DIR", sh(node_dir)),
                      ("SL_OUTPUT_DIR", sh(options.output_dir) if options.output_dir else '"$SLURM_SUBMIT_DIR"')],
         "modules": [sh(m) for m in options.modules],
+        "library_dir": sh(options.library_dir) if options.library_dir else "",
         "node_dir_function": node_dir_function(plan.deployment),
         "cohorts": [{"cohort": c.cohort, "engine_id": c.engine_id, "role": c.role, **asdict(c.ports)}
                     for c in plan.cohorts],
@@ -211,8 +212,9 @@ def sbatch_options(options: SlurmOptions, nnodes: int) -> list[str]:
 
 def container_mounts(plan: Plan, options: SlurmOptions) -> list[str]:
     """What every container of the job sees of its node: the user's mounts, the node directory, the GMS socket
-    and lock directories (the GMS server and the engines run in separate steps: they meet there) and the staged
-    model, read-only, unless a mount of the user's already holds it."""
+    and lock directories (the GMS server and the engines run in separate steps: they meet there), and read-only
+    the staged model and gms_slurm.library_dir (the shadowline package the watchdog and the node tasks import, at
+    the same path as outside, which the script's PYTHONPATH names), each unless a mount of the user's holds it."""
     mounts = list(options.container_mounts)
     targets = [m.split(":")[1] if ":" in m else m for m in mounts]
 
@@ -223,8 +225,10 @@ def container_mounts(plan: Plan, options: SlurmOptions) -> list[str]:
         if not covered(path):
             mounts.append(f"{path}:{path}")
             targets.append(path)
-    if not covered(plan.model_dir):
-        mounts.append(f"{plan.model_dir}:{plan.model_dir}:ro")
+    for path in dict.fromkeys(p for p in (plan.model_dir, options.library_dir) if p):
+        if not covered(path):
+            mounts.append(f"{path}:{path}:ro")
+            targets.append(path)
     return mounts
 
 

@@ -74,6 +74,7 @@ class JobState:
                 "frontend_url": self.plan.infra.frontend_url if self.plan else None,
                 "model_id": self.plan.model_id if self.plan else None,
                 "serving": self.serving, "node_dir": self.options.node_dir, "python": sys.executable,
+                "library_dir": self.options.library_dir,
                 "steps": {name: [s.record() for s in slot.history] for name, slot in self.slots.items()},
                 "plan": self.plan.to_dict() if self.plan else {},
             }, durable=False)

@@ -39,7 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "cpus_per_task": None, "container_image": None, "container_mounts": [], "container_runtime": "pyxis",
     "modules": [], "job_name": None, "output": "%x-%j.out", "output_dir": None, "node_dir": None,
     "signal_lead_s": 120, "extra_sbatch": [], "model_check": True, "python": None,
-    "ready_timeout_s": 600, "stop_grace_s": 30,
+    "ready_timeout_s": 600, "stop_grace_s": 30, "library_dir": None,
 }
 
 
@@ -66,6 +66,7 @@ class SlurmOptions:
     python: str | None  # None: gms_python
     ready_timeout_s: int
     stop_grace_s: int  # an orderly stop (scancel of the job, the time limit) waits this long per step
+    library_dir: str | None = None  # holds the shadowline package: PYTHONPATH of the job, mounted in its containers
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SlurmOptions:
@@ -153,6 +154,7 @@ def parse_slurm_options(value: Any, deployment: str, backend: str | None, engine
             read.problem("gms_slurm.extra_sbatch", f"contains {flag}, which shadowline sets itself.",
                          f"remove it; it comes from {MANAGED_SBATCH[flag]}.")
     stop_grace = read.integer("gms_slurm.stop_grace_s", values["stop_grace_s"], minimum=1, maximum=3600, example=30)
+    library = _library_dir(read, values["library_dir"])
 
     if len(problems) > start:
         return None
@@ -167,7 +169,7 @@ def parse_slurm_options(value: Any, deployment: str, backend: str | None, engine
         gpus_per_node=gpus or None, cpus_per_task=cpus, container_image=image.strip() if image else None,
         container_mounts=tuple(mounts), container_runtime=runtime, modules=tuple(modules), job_name=job_name,
         output=output, output_dir=output_dir, node_dir=node_dir, signal_lead_s=lead, extra_sbatch=tuple(extra),
-        model_check=model_check, python=python, ready_timeout_s=ready, stop_grace_s=stop_grace,
+        model_check=model_check, python=python, ready_timeout_s=ready, stop_grace_s=stop_grace, library_dir=library,
     )
 
 
@@ -179,6 +181,27 @@ def _word(read: Reader, key: str, value: Any, example: str) -> str | None:
     read.problem(f"gms_slurm.{key}", f"{describe(value)} is not a Slurm {key} name.",
                  f"set gms_slurm.{key} to a name such as {example}, or remove it for the cluster's default.")
     return None
+
+
+LIBRARY_EXAMPLE = "/shared/ansible_collections/shadowline/gms/plugins/module_utils"
+
+
+def _library_dir(read: Reader, value: Any) -> str | None:
+    """gms_slurm.library_dir: the directory holding the ``shadowline`` package on every node of the job (a shared
+    file system), which the script puts on PYTHONPATH and mounts read-only into the job's containers at the same
+    path; it must name the directory that holds the package, not the package itself."""
+    path = _absolute(read, "library_dir", value, LIBRARY_EXAMPLE)
+    if path is None:
+        return None
+    if ":" in path or "," in path:
+        read.problem("gms_slurm.library_dir", f"{path!r} contains ':' or ',', which separate PYTHONPATH entries and "
+                     "container mounts.", f"put the library under a path without them, such as {LIBRARY_EXAMPLE}.")
+        return None
+    if path.rsplit("/", 1)[-1] == "shadowline":
+        read.problem("gms_slurm.library_dir", f"{path!r} names the shadowline package itself; PYTHONPATH needs the "
+                     "directory that holds it.", f"set it to {path.rsplit('/', 1)[0]} (the package's parent).")
+        return None
+    return path
 
 
 def _absolute(read: Reader, key: str, value: Any, example: str) -> str | None:
