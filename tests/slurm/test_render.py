@@ -340,8 +340,13 @@ def test_the_library_dir_is_the_jobs_pythonpath_and_mounted_read_only(tmp_path):
     assert text.index("export PYTHONPATH") < text.index('exec "$SL_PYTHON" -m shadowline.slurm.supervisor')
     mounts = re.findall(r"--container-mounts=(\S+)", text)
     assert mounts and all(m.split(",")[-1] == f"{library}:{library}:ro" for m in mounts)
+    assert text.count("--container-env=PYTHONPATH") == text.count("--container-image=")  # over an image's own
     plain = render(tmp_path, values(**VARIANTS["pyxis"]), "pyxis.sbatch").read_text()
     assert "PYTHONPATH" not in plain
+    apptainer = values(gms_slurm={"container_image": "/shared/images/dynamo.sif", "container_runtime": "apptainer",
+                                  "library_dir": library})
+    text = render(tmp_path, apptainer, "apptainer.sbatch").read_text()
+    assert text.count(f"--bind {library}:{library}:ro --env PYTHONPATH={library} /shared/images/dynamo.sif") >= 3
     covered = values(gms_slurm={"container_image": "x#y:1", "container_mounts": ["/shared:/shared:ro"],
                                 "library_dir": "/shared/lib"})
     assert "/shared/lib:" not in render(tmp_path, covered, "covered.sbatch").read_text()

@@ -240,6 +240,8 @@ def _container_prefix(plan: Plan, options: SlurmOptions) -> list[str] | None:
     words = ["apptainer", "exec", "--nv", "--no-home"]
     for mount in container_mounts(plan, options):
         words += ["--bind", mount]
+    if options.library_dir:  # the host's PYTHONPATH, whatever the image's environment says
+        words += ["--env", f"PYTHONPATH={options.library_dir}"]
     return words + [options.container_image]
 
 
@@ -250,9 +252,12 @@ def pyxis_options(plan: Plan, options: SlurmOptions) -> list[str]:
     would shadow the image's) and not the image's entrypoint (NVIDIA's prints a banner and may run scripts)."""
     if not options.container_image or options.container_runtime != "pyxis":
         return []
+    # --container-env: the job's PYTHONPATH (gms_slurm.library_dir) wins over an image's own (pyxis gives an image's
+    # values precedence over the host's otherwise)
     return [f"--container-image={sh(options.container_image)}", f"--container-name={sh(options.job_name)}",
             f"--container-mounts={sh(','.join(container_mounts(plan, options)))}",
-            "--no-container-mount-home", "--no-container-entrypoint"]
+            "--no-container-mount-home", "--no-container-entrypoint",
+            *(["--container-env=PYTHONPATH"] if options.library_dir else [])]
 
 
 def step_env(env: dict[str, str]) -> dict[str, str]:
