@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cluster import discovery
-from ..cluster.access import etcd_for
+from ..cluster.access import operator_etcd
 from ..cluster.cohort_state import leader_view
 from ..common.etcd_client import EtcdError
 from ..common.events import read_events
@@ -212,9 +212,10 @@ def supervisor_events(path: str, since: float, deadline: float) -> list[dict[str
 
 
 def extra_registrations(plan: Plan) -> list[dict[str, Any]]:
-    """Discovery registrations of the model beyond the new primary's: orphans (or why they were not checked)."""
+    """Discovery registrations of the model beyond the new primary's: orphans (or why they were not checked); an
+    operator's read, at the operator's patience (cluster/access.operator_etcd), as the systemd drills read."""
     try:
-        regs = [r for r in discovery.registrations(etcd_for(plan, timeout=2.0))
+        regs = [r for r in discovery.registrations(operator_etcd(plan))
                 if r.model_name in (None, plan.model_id)]
     except EtcdError as err:
         return [{"discovery": f"not checked: {err}"}]
