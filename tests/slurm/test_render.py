@@ -353,7 +353,7 @@ def test_the_library_dir_is_the_jobs_pythonpath_and_mounted_read_only(tmp_path):
 
 
 def test_what_runs_in_the_image_needs_only_the_standard_library(tmp_path):
-    """The watchdog, the node tasks and the etcd proxy run in NVIDIA's image with the library on PYTHONPATH
+    """The watchdog, the keeper, the node tasks and the etcd proxy run in NVIDIA's image with the library on PYTHONPATH
     (gms_slurm.library_dir): they must import with nothing but Python's standard library. A bare virtual
     environment (no packages) with the checkout's library on PYTHONPATH runs each one's --help."""
     bare = tmp_path / "bare"
@@ -361,7 +361,8 @@ def test_what_runs_in_the_image_needs_only_the_standard_library(tmp_path):
     python = str(bare / "bin" / "python")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "plugins" / "module_utils")}
     assert subprocess.run([python, "-c", "import yaml"], env=env, capture_output=True, check=False).returncode != 0
-    for module in ("shadowline.slurm.watchdog", "shadowline.slurm.node_tasks", "shadowline.slurm.etcd_proxy"):
+    for module in ("shadowline.slurm.watchdog", "shadowline.slurm.keeper", "shadowline.slurm.node_tasks",
+                   "shadowline.slurm.etcd_proxy"):
         proc = subprocess.run([python, "-m", module, "--help"], env=env, capture_output=True, text=True,
                               check=False, timeout=60)
         assert proc.returncode == 0 and "usage" in proc.stdout, f"{module}: {proc.stderr[-1500:]}"

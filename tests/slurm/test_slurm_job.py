@@ -295,6 +295,37 @@ def test_hung_primary_leader_is_detected_by_the_watchdog(job):
     assert result["orphans"] == [] and result["relaunch_s"] is not None and result["first_ok_s"] is not None
 
 
+def test_a_gms_server_killed_on_one_node_is_started_again_and_the_writer_republishes(job):
+    """A GMS server that dies on one node ends no step (the gms step has no --kill-on-bad-exit): its keeper
+    (slurm/keeper.py) starts it again, empty, and the supervisor has the writer, cohort 0, republish, the node
+    agent's way (policy.republish_choice): cohort 0 serves since the last test and cohort 1 is parked, so cohort 0's
+    step is ended, cohort 1 is promoted, and cohort 0 is relaunched and parks with its weights published again."""
+    assert job_json(job["dir"])["serving"] == 0, "the last test promoted cohort 0"
+    t0 = time.time()
+    server = "^[^ ]+ -m shadowline[.]standin[.]gms_server( |$)"  # the server, not its keeper (whose argv names it too)
+    before = on("node1", "pgrep", "-f", server).split()
+    assert len(before) == 1, before
+    on("node1", "pkill", "-KILL", "-f", server)
+
+    def after(kind: str) -> list[dict]:
+        return [e for e in events(job["dir"]) if e["event"] == kind and e["time"] >= t0]
+
+    restarted = wait_for(lambda: after("gms-restarted"), 30, "the keeper to start node1's server again")
+    assert restarted[0]["node"] == "node1"
+    (republish,) = wait_for(lambda: after("gms-republish"), 10, "the supervisor's republish")
+    assert republish["detail"]["choice"] == "republish" and republish["cohort"] == 0
+    promoted = wait_for(lambda: after("promoted"), 30, "cohort 1's promotion")
+    assert promoted[0]["cohort"] == 1
+    parked = wait_for(lambda: [e for e in after("parked") if e["cohort"] == 0], 120, "cohort 0 to park again")
+    assert parked[0]["generation"] > republish["generation"]
+    now = on("node1", "pgrep", "-f", server).split()
+    assert len(now) == 1 and now != before
+    status, body = complete("http://198.18.3.10:8000", "shadowline/tiny-llama", timeout=10)
+    assert status == 200, body
+    print(f"\ngms killed on node1: restarted after {restarted[0]['time'] - t0:.2f} s, cohort 1 promoted after "
+          f"{promoted[0]['time'] - t0:.2f} s, cohort 0 parked again after {parked[0]['time'] - t0:.2f} s")
+
+
 def test_scancel_of_the_job_leaves_nothing_running(job):
     assert processes("node0") and processes("node1"), "the deployment runs before the scancel"
     on("node0", "scancel", job["id"])

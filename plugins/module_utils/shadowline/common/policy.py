@@ -63,6 +63,22 @@ class RelaunchPolicy:
         return RelaunchDecision(after, gives_up=False, delay_s=self.delay(after))
 
 
+# After a node's GMS server came back empty: what the writer cohort (ENGINE_ID 0, which loads from disk and publishes)
+# does, on both paths (control/driver_duties.republish_weights, slurm/watch.py)
+REPUBLISH = "republish"  # end the writer's generation: it relaunches and publishes (a parked shadow serves meanwhile)
+REPUBLISH_UNDER_WAY = "under-way"  # the writer is not running: its relaunch publishes anyway
+REPUBLISH_DEGRADED = "degraded"  # the writer serves and no shadow is parked: serving continues, nothing republished
+
+
+def republish_choice(writer_running: bool, writer_serving: bool, shadow_parked: bool) -> str:
+    """The one republish decision after a GMS server restarted empty: end the running writer when it does not serve
+    or a parked shadow can take over (one planned failover), else leave serving alone (degraded: a failover now would
+    find no resident weights on that node)."""
+    if not writer_running:
+        return REPUBLISH_UNDER_WAY
+    return REPUBLISH if not writer_serving or shadow_parked else REPUBLISH_DEGRADED
+
+
 LEADER_HUNG = "leader-hung"  # no 200 from the leader's /health for health_timeout_s
 GENERATION_STALLED = "generation-stalled"  # requests running, vLLM's token counter still for progress_stall_s
 CANARY_UNANSWERED = "canary-unanswered"  # an idle serving cohort gave no token to a canary in progress_stall_s

@@ -18,7 +18,17 @@ from ..cluster.cohort_state import lock_holder
 from ..common.coordination import DEAD, FAILED, LAUNCHING, RUNNING, Slot
 from ..common.lock import parse_holder
 from ..common.lock_identity import LockSeen, lock_seen
-from ..common.policy import CANARY_UNANSWERED, MIXED_CONFIGURATION, NODE_FENCED, HangPolicy, RelaunchPolicy, silence
+from ..common.policy import (
+    CANARY_UNANSWERED,
+    MIXED_CONFIGURATION,
+    NODE_FENCED,
+    REPUBLISH,
+    REPUBLISH_UNDER_WAY,
+    HangPolicy,
+    RelaunchPolicy,
+    republish_choice,
+    silence,
+)
 from ..common.proc import cgroup_pids
 from ..common.settings import Failover
 from ..deployment.plan import Plan
@@ -517,10 +527,11 @@ def republish_weights(view: DeploymentView, driver: DriverMemory) -> list[Action
     zero = view.slot(0)
     serving = parse_holder(driver.holder or "")
     parked = [c for c, e in view.slots.items() if c != 0 and e.slot.state == RUNNING and c != serving]
+    choice = republish_choice(zero is not None and zero.state == RUNNING, serving == 0, bool(parked))
     actions: list[Action]
-    if zero is None or zero.state != RUNNING:
+    if zero is None or choice == REPUBLISH_UNDER_WAY:
         actions = [Record("gms-republish", 0, None, {"nodes": hosts, "detail": "the writer is relaunching already"})]
-    elif serving != 0 or parked:
+    elif choice == REPUBLISH:
         actions = [Record("gms-republish", 0, zero.generation, {"nodes": hosts, "serving": serving}),
                    Declare(0, zero.generation, "gms-republish")]
     else:

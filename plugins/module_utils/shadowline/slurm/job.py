@@ -34,6 +34,7 @@ SLURM_VARIABLES = ["gms_slurm"]  # the Slurm-only variables (listed in contract.
 HOST_ONLY = ("gms_node_rank", "gms_node_address")
 WATCHDOG_MODULE = "shadowline.slurm.watchdog"
 NODE_TASKS_MODULE = "shadowline.slurm.node_tasks"
+KEEPER_MODULE = "shadowline.slurm.keeper"
 
 
 def placeholder(index: int) -> str:
@@ -313,11 +314,17 @@ def tasks(plan: Plan, options: SlurmOptions) -> list[dict[str, Any]]:
                     "(status file + fast verify) for the readiness gate", "pre": [],
                     "lines": command_lines(argv, {}, prefix)})
     gms_branches = []
+    failover = plan.failover  # a server that dies is started again by the keeper, by the agents' relaunch policy
+    keeper = [python, "-m", KEEPER_MODULE, "--backoff", f"{failover.relaunch_backoff_s:g}",
+              "--backoff-max", f"{failover.relaunch_backoff_max_s:g}",
+              "--max-attempts", str(failover.max_relaunch_attempts), "--stable-after", f"{failover.stable_after_s:g}",
+              "--"]
     for index, process in enumerate(plan.gms_servers):
         gms_branches.append({"case": str(index), "comment": f"node {index}",
                              "pre": [f"mkdir -p {sh(plan.gms_dir)}"],
-                             "lines": command_lines(list(process.argv), step_env(process.env), prefix)})
-    out.append({"name": "gms", "by_node": True, "comment": f"GPU Memory Service server ({plan.engine.gms_module})",
+                             "lines": command_lines(keeper + list(process.argv), step_env(process.env), prefix)})
+    out.append({"name": "gms", "by_node": True, "comment": f"GPU Memory Service server ({plan.engine.gms_module}), "
+                "started again by the keeper when it ends (the supervisor then has the writer republish)",
                 "branches": gms_branches})
     pattern = f"{plan.gms_dir}/gms_*_weights.sock"
     argv = [python, "-m", NODE_TASKS_MODULE, "wait-files", "--pattern", pattern,

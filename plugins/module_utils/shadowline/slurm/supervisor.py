@@ -16,6 +16,8 @@ Read top to bottom, ``Supervisor.run``:
    doubles with each quick failure in a row (parked or served meanwhile, or not); a slot past
    ``max_relaunch_attempts`` quick failures in a row is given up. A serving cohort's relaunch waits until the
    promoted shadow serves (at most 5 s), so the two do not compete for CPU; promotions and states are logged;
+   a node's GMS server started again by its keeper (slurm/keeper.py) has the writer cohort republish
+   (policy.republish_choice, the node agent's decision);
 7. on SIGTERM/SIGINT (``scancel`` of the job, or ``--signal=B:TERM@<lead>`` before the time limit) stops the
    shadows, then the serving cohort, the frontend, NATS, etcd and the GMS servers, and removes the node
    directories.

@@ -1,8 +1,9 @@
 """The supervisor's watch, once every cohort is up. Its loop (Supervisor.run), every 50 ms:
 
 1. ``handle_messages``: what the observer thread (``observe``: every leader's failover state every 100 ms,
-   discovery every 250 ms) and the steps' watchdogs (task events) sent: states and promotions are logged, new
-   discovery leases attributed to the cohort that registered them (slurm/leases.py);
+   discovery every 250 ms) and the steps' watchdogs and GMS keepers (task events) sent: states and promotions are
+   logged, new discovery leases attributed to the cohort that registered them (slurm/leases.py), a GMS server
+   started again answered by the writer's republish (``republish``);
 2. ``collect_ended_steps``: a step that ended (a rank died; the watchdog ended a hung one; ``scancel
    <job>.<step>``) is logged, its cohort's leases revoked, and its relaunch decided, the node agent's way
    (slots.relaunch_decision): at once after a run of stable_after_s, after a backoff that doubles with each
@@ -24,6 +25,7 @@ from ..cluster.cohort_state import leader_state
 from ..cluster.waits import poll
 from ..common.etcd_client import EtcdError
 from ..common.frontend import complete
+from ..common.policy import REPUBLISH, REPUBLISH_DEGRADED, republish_choice
 from ..deployment.plan import Plan
 from .job_state import Fatal, JobState
 from .leases import Leases
@@ -132,8 +134,28 @@ class Watch:
         detail["rank"] = record.get("rank")
         if record.get("event") == "hang-detected":
             step.hang = detail.get("reason")
-        self.job.events.write(f"watchdog-{record.get('event')}", cohort=step.cohort, generation=step.generation,
+        source = "watchdog" if step.cohort is not None else step.name  # a rank's watchdog, or a server's keeper
+        self.job.events.write(f"{source}-{record.get('event')}", cohort=step.cohort, generation=step.generation,
                               node=record.get("node"), when=record.get("time"), **detail)
+        if step.name == "gms" and record.get("event") == "restarted":
+            self.republish(record.get("node"))
+
+    def republish(self, node: str | None) -> None:
+        """A node's GMS server started again, empty: the writer cohort (ENGINE_ID 0) republishes, the node agent's
+        way (policy.republish_choice): its step is ended (SIGTERM to its srun: the watchdogs kill the ranks at once)
+        and relaunched by the usual path, a parked shadow serving meanwhile if the writer served."""
+        job = self.job
+        writer = 0  # ENGINE_ID 0: loads from disk and publishes (deployment/plan_builder.py)
+        slot = job.slots.get(f"cohort_{writer}")
+        step = slot.step if slot else None
+        running = bool(step and step.ended is None and step.popen.poll() is None)
+        parked = any(state == PARKED and self.running(c) for c, state in self.states.items() if c != writer)
+        choice = republish_choice(running, job.serving == writer, parked)
+        job.events.write("gms-republish" if choice != REPUBLISH_DEGRADED else "gms-degraded", cohort=writer,
+                         generation=step.generation if step else None, node=node, choice=choice,
+                         serving=job.serving)
+        if choice == REPUBLISH and step is not None:
+            step.popen.terminate()
 
     # -- steps that ended, and their relaunch ----------------------------------------------------------- #
 

@@ -297,12 +297,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--etcd-ca", help="etcd's CA certificate (its clients over TLS)")
     p.add_argument("--etcd-cert", help="this node's etcd client certificate")
     p.add_argument("--etcd-key", help="its key")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- ARGV of the rank")
+    return parse_with_command(p, argv, "rank")
+
+
+def parse_with_command(p: argparse.ArgumentParser, argv: list[str] | None, what: str) -> argparse.Namespace:
+    """``p``'s options, then ``-- ARGV``: the command of the child (the watchdog's rank, the keeper's server)."""
+    p.add_argument("command", nargs=argparse.REMAINDER, help=f"-- ARGV of the {what}")
     args = p.parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.command:
-        p.error("give the rank's command after --")
+        p.error(f"give the {what}'s command after --")
     return args
 
 
