@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     policy = RelaunchPolicy(backoff_s=args.backoff, backoff_max_s=args.backoff_max, max_attempts=args.max_attempts,
                             stable_after_s=args.stable_after)
     stopping = threading.Event()
-    child: list[subprocess.Popen] = []
+    child: list[subprocess.Popen] = []  # the running server, for the signal handler (one at a time)
 
     def forward(signum: int, _frame: object) -> None:
         stopping.set()
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     attempts, starts, status = 0, 0, 0
     while not stopping.is_set():
         started = time.monotonic()
-        child.append(subprocess.Popen(args.command, process_group=0))
+        child[:] = [subprocess.Popen(args.command, process_group=0)]
         if stopping.is_set():  # a stop that came while it started: the handler saw no running child
             os.killpg(child[-1].pid, signal.SIGTERM)
         starts += 1
@@ -70,9 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         status = exit_status(child[-1].wait())
         if stopping.is_set():
             return status
-        decision = policy.after_death(attempts, time.monotonic() - started)
+        ran_s = time.monotonic() - started
+        decision = policy.after_death(attempts, ran_s)
         attempts = decision.attempts
-        log(f"the server (pid {child[-1].pid}) ended with status {status} after {time.monotonic() - started:.1f} s")
+        log(f"the server (pid {child[-1].pid}) ended with status {status} after {ran_s:.1f} s")
         if decision.gives_up:
             emit("gave-up", status=status, attempts=attempts)
             return status

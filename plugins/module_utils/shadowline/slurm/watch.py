@@ -148,9 +148,8 @@ class Watch:
         writer = 0  # ENGINE_ID 0: loads from disk and publishes (deployment/plan_builder.py)
         slot = job.slots.get(f"cohort_{writer}")
         step = slot.step if slot else None
-        running = bool(step and step.ended is None and step.popen.poll() is None)
         parked = any(state == PARKED and self.running(c) for c, state in self.states.items() if c != writer)
-        choice = republish_choice(running, job.serving == writer, parked)
+        choice = republish_choice(self.running(writer), job.serving == writer, parked)
         job.events.write("gms-republish" if choice != REPUBLISH_DEGRADED else "gms-degraded", cohort=writer,
                          generation=step.generation if step else None, node=node, choice=choice,
                          serving=job.serving)
